@@ -1,0 +1,573 @@
+"""BabyAI GotoAvoid: the paper's object-pickup room, JAX-native, with a minigrid twin as its reference.
+
+One 10x10 room (8x8 walkable), 4 object categories x 3 instances, actions left/right/forward/pickup. Picking up the
+object in front pays w[k] for its category k and respawns it at a uniformly random empty cell at Manhattan
+distance >= 2 from the agent; the agent never carries. Episodes last 200 steps and end by truncation only.
+The agent sees an egocentric 5x5 view with minigrid's occlusion, as RGB (40x40x3 uint8, minigrid's own tiles at
+8 px) or as the symbolic 5x5x3 minigrid encoding. Every step also yields the task w and the cumulant phi
+(one-hot of the category picked up on that transition).
+
+`GotoAvoid` is a gymnax (>= 1.0) environment: jittable, vmappable, auto-resetting. `GotoAvoidMiniGrid` is the same
+game as a `minigrid.MiniGridEnv`; tests/test_babyai_equivalence.py shows the two agree step for step.
+
+Layouts: the 12 objects and the agent take 13 distinct interior cells drawn uniformly, with a uniform direction;
+a layout is redrawn until the agent does not face an object and every object has a reachable free neighbour
+(as the original's rejection sampling). The original also kept objects out of the cells within distance 1 of the
+room centre (a side effect of minigrid placing the agent there first); this room does not.
+Respawns: the new cell is the k-th candidate cell in row-major (y, then x) order with k = floor(u * n) for
+u ~ U[0, 1) and n candidates, so a twin given the same u picks the same cell.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from gymnax.environments import environment, spaces
+
+from common.errors import ConfigError, require
+
+ROOM_SIZE = 10
+NUM_CATEGORIES = 4
+OBJECTS_PER_CATEGORY = 3
+NUM_OBJECTS = NUM_CATEGORIES * OBJECTS_PER_CATEGORY
+MAX_STEPS = 200
+RESPAWN_MIN_DISTANCE = 2  # Manhattan distance from the agent
+LEFT, RIGHT, FORWARD, PICKUP = 0, 1, 2, 3
+NUM_ACTIONS = 4
+OBS_MODES = ("rgb", "symbolic")
+
+# (minigrid type, colour) of each category, in the order of the task vector.
+CATEGORY_KINDS = (("ball", "red"), ("ball", "blue"), ("key", "green"), ("box", "yellow"))
+
+TRAIN_TASKS = np.eye(NUM_CATEGORIES, dtype=np.float32)
+TEST_TASKS = np.array(
+    [
+        [1, 1, 0, 0],
+        [1, 1, 0.5, 0.5],
+        [1, 1, 1, 1],
+        [-1, 1, 0, 1],
+        [-1, 1, -1, 0.5],
+        [-1, 1, -1, 1],
+        [-1, 1, -1, -1],
+        [-0.5, 1, -0.5, -0.5],
+    ],
+    dtype=np.float32,
+)
+
+# minigrid's DIR_TO_VEC: 0 = +x (right), 1 = +y (down), 2 = -x, 3 = -y.
+DIR_TO_VEC = np.array([[1, 0], [0, 1], [-1, 0], [0, -1]], dtype=np.int32)
+
+# Cell codes of the world grid (indexed [x, y]); object category k has code OBJECT + k.
+EMPTY, WALL, OBJECT = 0, 1, 2
+OBJECT_CATEGORY = np.repeat(np.arange(NUM_CATEGORIES, dtype=np.int32), OBJECTS_PER_CATEGORY)
+# Interior cells in row-major (y, then x) order: the order used to pick layouts and respawn cells.
+INTERIOR_CELLS = np.array([(x, y) for y in range(1, ROOM_SIZE - 1) for x in range(1, ROOM_SIZE - 1)], np.int32)
+_BASE_GRID = np.full((ROOM_SIZE, ROOM_SIZE), WALL, np.int32)
+_BASE_GRID[1:-1, 1:-1] = EMPTY
+
+
+def _minigrid_objects():
+    """Fresh minigrid objects for the 4 categories (world_object classes from minigrid itself)."""
+    from minigrid.core.world_object import Ball, Box, Key
+
+    make = {"ball": Ball, "key": Key, "box": Box}
+    return [make[kind](color) for kind, color in CATEGORY_KINDS]
+
+
+def _tables(tile_size: int):
+    """Symbolic encoding and RGB tile of each view-cell index, taken from minigrid.
+
+    Index 0 is an unseen cell, then EMPTY, WALL and the categories (cell code + 1), then the agent's own cell.
+    """
+    from minigrid.core.grid import Grid
+    from minigrid.core.world_object import Wall
+
+    cells = [None, Wall(), *_minigrid_objects()]
+    encoding = [(0, 0, 0)] + [(1, 0, 0) if c is None else c.encode() for c in cells]
+    tiles = [Grid.render_tile(None, highlight=False, tile_size=tile_size)]
+    tiles += [Grid.render_tile(c, highlight=True, tile_size=tile_size) for c in cells]
+    tiles += [Grid.render_tile(None, agent_dir=3, highlight=True, tile_size=tile_size)]
+    return np.array(encoding, np.uint8), np.stack(tiles).astype(np.uint8)
+
+
+def _shift4(x: jax.Array, fill) -> jax.Array:
+    """The 4 neighbours of every cell of an [x, y] map, stacked on axis 0 (order of DIR_TO_VEC)."""
+    padded = jnp.pad(x, 1, constant_values=fill)
+    n = x.shape[0]
+    return jnp.stack(
+        [padded[2:, 1:-1], padded[1:-1, 2:], padded[: n, 1:-1], padded[1:-1, : n]]
+    )
+
+
+def world_grid(obj_pos: jax.Array) -> jax.Array:
+    """Cell codes [x, y] of the room with its objects (the agent is not drawn)."""
+    return jnp.asarray(_BASE_GRID).at[obj_pos[:, 0], obj_pos[:, 1]].set(OBJECT + jnp.asarray(OBJECT_CATEGORY))
+
+
+def visibility(transparent: jax.Array) -> jax.Array:
+    """minigrid's Grid.process_vis on a view [x, y] whose agent sits at (V // 2, V - 1), facing y = 0."""
+    v = transparent.shape[0]
+    t = [[transparent[i, j] for j in range(v)] for i in range(v)]
+    m = [[jnp.zeros((), bool) for _ in range(v)] for _ in range(v)]
+    m[v // 2][v - 1] = jnp.ones((), bool)
+    for j in reversed(range(v)):
+        for i in range(v - 1):  # left to right
+            see = m[i][j] & t[i][j]
+            m[i + 1][j] = m[i + 1][j] | see
+            if j > 0:
+                m[i + 1][j - 1] = m[i + 1][j - 1] | see
+                m[i][j - 1] = m[i][j - 1] | see
+        for i in reversed(range(1, v)):  # right to left
+            see = m[i][j] & t[i][j]
+            m[i - 1][j] = m[i - 1][j] | see
+            if j > 0:
+                m[i - 1][j - 1] = m[i - 1][j - 1] | see
+                m[i][j - 1] = m[i][j - 1] | see
+    return jnp.stack([jnp.stack(col) for col in m])
+
+
+@struct.dataclass
+class EnvState(environment.EnvState):
+    agent_pos: jax.Array  # int32 [2], (x, y)
+    agent_dir: jax.Array  # int32 [], index into DIR_TO_VEC
+    obj_pos: jax.Array  # int32 [NUM_OBJECTS, 2]; object i belongs to category i // OBJECTS_PER_CATEGORY
+    w: jax.Array  # float32 [NUM_CATEGORIES], the task of this episode
+
+
+@struct.dataclass
+class EnvParams(environment.EnvParams):
+    max_steps_in_episode: int = MAX_STEPS
+    # Each reset draws the episode's task uniformly from these rows.
+    tasks: jax.Array = struct.field(default_factory=lambda: jnp.asarray(TRAIN_TASKS))
+
+
+class Observation(NamedTuple):
+    image: jax.Array  # uint8: RGB [V*tile, V*tile, 3] or symbolic [V, V, 3] (indexed [x, y, channel])
+    w: jax.Array  # float32 [NUM_CATEGORIES], as the agent sees it
+
+
+def make_params(tasks=TRAIN_TASKS, max_steps_in_episode: int = MAX_STEPS) -> EnvParams:
+    """EnvParams with validated tasks (one task vector, or a [n, 4] set drawn from at each reset)."""
+    tasks = np.asarray(tasks, np.float32)
+    if tasks.ndim == 1:
+        tasks = tasks[None]
+    require(
+        tasks.ndim == 2 and tasks.shape[1] == NUM_CATEGORIES and tasks.shape[0] >= 1,
+        f"a task vector must have {NUM_CATEGORIES} weights (one per object category), got shape "
+        f"{tuple(np.asarray(tasks).shape)}; pass e.g. [1, -1, 0, 0.5]",
+    )
+    require(max_steps_in_episode >= 1, f"max_steps_in_episode must be positive, got {max_steps_in_episode}")
+    return EnvParams(max_steps_in_episode=int(max_steps_in_episode), tasks=jnp.asarray(tasks))
+
+
+class GotoAvoid(environment.Environment[EnvState, EnvParams]):
+    """The GotoAvoid room as a gymnax environment (see the module docstring for the rules).
+
+    `step` follows gymnax >= 1.0 (`obs, state, reward, terminated, truncated, info`) and auto-resets on the same
+    step. It renders one observation per step (after the reset), so `info` has no `final_observation`: the
+    episode only ends by truncation, and the learners here mask targets across it. `info["phi"]` is the cumulant
+    of the transition and `info["respawn_u"]` the uniform number that chose a respawn cell (for replaying it).
+    """
+
+    def __init__(
+        self,
+        obs_mode: str = "rgb",
+        view_size: int = 5,
+        tile_size: int = 8,
+        truncate_task_input: bool = False,
+    ):
+        require(obs_mode in OBS_MODES, f"unknown observation mode {obs_mode!r}; use one of {OBS_MODES}")
+        require(
+            isinstance(view_size, int) and view_size >= 3 and view_size % 2 == 1,
+            f"view size must be an odd integer >= 3 (minigrid's rule), got {view_size!r}",
+        )
+        require(isinstance(tile_size, int) and tile_size > 0, f"tile size must be positive, got {tile_size!r}")
+        self.obs_mode = obs_mode
+        self.view_size = view_size
+        self.tile_size = tile_size
+        # The original fed int32(w) to the agent (so 0.5 became 0) while paying float w; off by default.
+        self.truncate_task_input = truncate_task_input
+        encoding, tiles = _tables(tile_size)
+        self._encoding = encoding
+        self._tiles = tiles
+
+    # ----------------------------------------------------------------------------------------------- gymnax API
+    @property
+    def default_params(self) -> EnvParams:
+        return EnvParams()
+
+    @property
+    def name(self) -> str:
+        return "GotoAvoid"
+
+    @property
+    def num_actions(self) -> int:
+        return NUM_ACTIONS
+
+    def action_space(self, params: EnvParams | None = None) -> spaces.Discrete:
+        return spaces.Discrete(NUM_ACTIONS)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        v = self.view_size
+        return (v * self.tile_size, v * self.tile_size, 3) if self.obs_mode == "rgb" else (v, v, 3)
+
+    def observation_space(self, params: EnvParams | None = None) -> spaces.Dict:
+        return spaces.Dict(
+            {
+                "image": spaces.Box(0, 255, self.image_shape, jnp.uint8),
+                "w": spaces.Box(-jnp.inf, jnp.inf, (NUM_CATEGORIES,), jnp.float32),
+            }
+        )
+
+    def reset_env(self, key: jax.Array, params: EnvParams) -> tuple[Observation, EnvState]:
+        state = self.initial_state(key, params)
+        return self.observe(state), state
+
+    def step_env(self, key, state, action, params):
+        state, reward, info = self.transition(key, state, action, params)
+        return self.observe(state), state, reward, jnp.zeros((), bool), info
+
+    @partial(jax.jit, static_argnames=("self",))
+    def step(self, key, state, action, params=None):
+        """One step with auto-reset; the observation is rendered once, after the reset (see the class doc)."""
+        if params is None:
+            params = self.default_params
+        key_step, key_reset = jax.random.split(key)
+        stepped, reward, info = self.transition(key_step, state, action, params)
+        truncated = self.is_truncated(stepped, params)
+        fresh = self.initial_state(key_reset, params)
+        state = jax.tree.map(lambda r, s: jax.lax.select(truncated, r, s), fresh, stepped)
+        terminated = jnp.zeros((), bool)
+        info = {**info, "terminated": terminated, "truncated": truncated}
+        return self.observe(state), state, reward, terminated, truncated, info
+
+    def is_terminated(self, state: EnvState, params: EnvParams) -> jax.Array:
+        return jnp.zeros((), bool)
+
+    # ------------------------------------------------------------------------------------------------- dynamics
+    def initial_state(self, key: jax.Array, params: EnvParams) -> EnvState:
+        """A new episode: a layout drawn until valid (see module doc) and a task drawn from params.tasks."""
+        key_layout, key_task = jax.random.split(key)
+
+        def draw(k):
+            k_cells, k_dir = jax.random.split(k)
+            cells = jnp.asarray(INTERIOR_CELLS)[jax.random.permutation(k_cells, len(INTERIOR_CELLS))[: NUM_OBJECTS + 1]]
+            agent_dir = jax.random.randint(k_dir, (), 0, 4)
+            return cells[NUM_OBJECTS], agent_dir, cells[:NUM_OBJECTS]
+
+        def invalid(carry):
+            return ~layout_is_valid(*carry[1])
+
+        def redraw(carry):
+            k, _ = carry
+            k, sub = jax.random.split(k)
+            return k, draw(sub)
+
+        key_layout, sub = jax.random.split(key_layout)
+        _, (agent_pos, agent_dir, obj_pos) = jax.lax.while_loop(invalid, redraw, (key_layout, draw(sub)))
+        task = jax.random.randint(key_task, (), 0, params.tasks.shape[0])
+        return EnvState(
+            time=jnp.zeros((), jnp.int32),
+            agent_pos=agent_pos,
+            agent_dir=agent_dir.astype(jnp.int32),
+            obj_pos=obj_pos,
+            w=params.tasks[task].astype(jnp.float32),
+        )
+
+    def transition(self, key: jax.Array, state: EnvState, action, params: EnvParams):
+        """Apply one action (no reset). Returns (state, reward, info with phi and respawn_u)."""
+        vec = jnp.asarray(DIR_TO_VEC)
+        front = state.agent_pos + vec[state.agent_dir]
+        grid = world_grid(state.obj_pos)
+        front_code = grid[front[0], front[1]]
+
+        agent_dir = jnp.where(
+            action == LEFT, (state.agent_dir + 3) % 4, jnp.where(action == RIGHT, (state.agent_dir + 1) % 4, state.agent_dir)
+        )
+        moves = (action == FORWARD) & (front_code == EMPTY)
+        agent_pos = jnp.where(moves, front, state.agent_pos)
+
+        picked = (action == PICKUP) & jnp.all(state.obj_pos == front, axis=-1)  # [NUM_OBJECTS], at most one True
+        phi = jax.nn.one_hot(jnp.asarray(OBJECT_CATEGORY)[jnp.argmax(picked)], NUM_CATEGORIES) * picked.any()
+        reward = jnp.sum(phi * state.w)
+
+        u = jax.random.uniform(key)
+        cell = respawn_cell(grid.at[front[0], front[1]].set(EMPTY), state.agent_pos, u)
+        obj_pos = jnp.where(picked[:, None], cell, state.obj_pos)
+
+        state = state.replace(time=state.time + 1, agent_pos=agent_pos, agent_dir=agent_dir, obj_pos=obj_pos)
+        return state, reward, {"phi": phi, "respawn_u": u}
+
+    # ------------------------------------------------------------------------------------------------ rendering
+    def view_cells(self, state: EnvState) -> jax.Array:
+        """Cell codes of the agent's view [i, j] (minigrid view coordinates), walls outside the room."""
+        v = self.view_size
+        fwd = jnp.asarray(DIR_TO_VEC)[state.agent_dir]
+        right = jnp.stack([-fwd[1], fwd[0]])
+        i = jnp.arange(v)[:, None]
+        j = jnp.arange(v)[None, :]
+        x = state.agent_pos[0] + (v - 1 - j) * fwd[0] + (i - v // 2) * right[0]
+        y = state.agent_pos[1] + (v - 1 - j) * fwd[1] + (i - v // 2) * right[1]
+        padded = jnp.pad(world_grid(state.obj_pos), v, constant_values=WALL)
+        return padded[x + v, y + v]
+
+    def observe(self, state: EnvState) -> Observation:
+        codes = self.view_cells(state)
+        index = jnp.where(visibility(codes != WALL), codes + 1, 0)  # 0 = unseen, else cell code + 1
+        if self.obs_mode == "symbolic":
+            image = jnp.asarray(self._encoding)[index]
+        else:
+            v, ts = self.view_size, self.tile_size
+            index = index.at[v // 2, v - 1].set(len(self._tiles) - 1)  # the agent's own cell
+            tiles = jnp.asarray(self._tiles)[index]  # [x, y, ty, tx, 3]
+            image = tiles.transpose(1, 2, 0, 3, 4).reshape(v * ts, v * ts, 3)
+        w = jnp.trunc(state.w) if self.truncate_task_input else state.w
+        return Observation(image=image, w=w)
+
+
+def respawn_cell(grid: jax.Array, agent_pos: jax.Array, u: jax.Array) -> jax.Array:
+    """The empty cell at Manhattan distance >= 2 from the agent chosen by u (see module doc)."""
+    xs = jnp.arange(ROOM_SIZE)
+    dist = jnp.abs(xs[:, None] - agent_pos[0]) + jnp.abs(xs[None, :] - agent_pos[1])
+    candidates = ((grid == EMPTY) & (dist >= RESPAWN_MIN_DISTANCE)).T.reshape(-1)  # row-major: index = y * ROOM_SIZE + x
+    n = candidates.sum()
+    k = jnp.minimum(jnp.floor(u * n.astype(jnp.float32)).astype(jnp.int32), n - 1)
+    index = jnp.argmax(jnp.cumsum(candidates) > k)
+    return jnp.stack([index % ROOM_SIZE, index // ROOM_SIZE]).astype(jnp.int32)
+
+
+def layout_is_valid(agent_pos: jax.Array, agent_dir: jax.Array, obj_pos: jax.Array) -> jax.Array:
+    """The agent does not face an object, and every object has a free neighbour the agent can reach."""
+    grid = world_grid(obj_pos)
+    front = agent_pos + jnp.asarray(DIR_TO_VEC)[agent_dir]
+    free = grid == EMPTY
+    start = jnp.zeros_like(free).at[agent_pos[0], agent_pos[1]].set(True)
+
+    def grow(carry):
+        reach, _ = carry
+        new = reach | (_shift4(reach, False).any(0) & free)
+        return new, jnp.any(new != reach)
+
+    reach, _ = jax.lax.while_loop(lambda c: c[1], grow, (start, jnp.ones((), bool)))
+    next_to_reach = _shift4(reach, False).any(0)
+    return (grid[front[0], front[1]] < OBJECT) & next_to_reach[obj_pos[:, 0], obj_pos[:, 1]].all()
+
+
+# ----------------------------------------------------------------------------------------------------- BFS oracle
+def bfs_oracle_action(state: EnvState) -> jax.Array:
+    """Fully observed oracle: walk (objects are obstacles) to the nearest object of positive weight and pick it up.
+
+    Replans every step from a BFS distance map to the free cells next to a positive object.
+    """
+    vec = jnp.asarray(DIR_TO_VEC)
+    grid = world_grid(state.obj_pos)
+    free = grid == EMPTY
+    wanted = (grid >= OBJECT) & (state.w[jnp.clip(grid - OBJECT, 0, NUM_CATEGORIES - 1)] > 0)
+    far = ROOM_SIZE * ROOM_SIZE
+    goal = free & _shift4(wanted, False).any(0)
+    dist0 = jnp.where(goal, 0, far)
+
+    def relax(_, d):
+        return jnp.where(free, jnp.minimum(d, _shift4(d, far).min(0) + 1), far)
+
+    dist = jax.lax.fori_loop(0, far, relax, dist0)
+    pos, d = state.agent_pos, state.agent_dir
+    cell = lambda p: (p[0], p[1])  # noqa: E731
+    ahead, left, right = pos + vec[d], pos + vec[(d + 3) % 4], pos + vec[(d + 1) % 4]
+    here = dist[cell(pos)]
+    neighbour_dist = jnp.stack([dist[cell(pos + vec[k])] for k in range(4)])
+    step_dir = jnp.argmin(neighbour_dist)
+    walk = jnp.where(
+        dist[cell(ahead)] < here, FORWARD, jnp.where(step_dir == (d + 3) % 4, LEFT, RIGHT)
+    )
+    face = jnp.where(wanted[cell(left)], LEFT, RIGHT)
+    action = jnp.where(here == 0, face, walk)
+    action = jnp.where(here >= far, LEFT, action)  # nothing worth taking is reachable
+    return jnp.where(wanted[cell(ahead)], PICKUP, action).astype(jnp.int32)
+
+
+def bfs_oracle_returns(tasks=TEST_TASKS, num_episodes: int = 100, seed: int = 0):
+    """Mean and standard error of the oracle's episode return for each task, over num_episodes episodes each."""
+    require(num_episodes >= 2, f"num_episodes must be at least 2 to give a standard error, got {num_episodes}")
+    tasks = np.asarray(tasks, np.float32)
+    make_params(tasks)  # validates the shape
+    env = GotoAvoid(obs_mode="symbolic")
+
+    def episode_return(key, w):
+        params = EnvParams(tasks=w[None])
+        key_reset, key_steps = jax.random.split(key)
+        _, state = env.reset(key_reset, params)
+
+        def step(state, key):
+            _, state, reward, _, _, _ = env.step(key, state, bfs_oracle_action(state), params)
+            return state, reward
+
+        _, rewards = jax.lax.scan(step, state, jax.random.split(key_steps, params.max_steps_in_episode))
+        return rewards.sum()
+
+    keys = jax.random.split(jax.random.PRNGKey(seed), (len(tasks), num_episodes))
+    returns = np.asarray(
+        jax.jit(jax.vmap(jax.vmap(episode_return, (0, None)), (0, 0)))(keys, jnp.asarray(tasks))
+    )
+    return returns.mean(1), returns.std(1, ddof=1) / np.sqrt(num_episodes)
+
+
+# -------------------------------------------------------------------------------------------------- minigrid twin
+def _make_twin_base():
+    from minigrid.minigrid_env import MiniGridEnv
+
+    return MiniGridEnv
+
+
+class GotoAvoidMiniGrid(_make_twin_base()):
+    """GotoAvoid as a minigrid environment: the reference the JAX env is tested against, usable on its own.
+
+    Observations are dicts {"image", "w"} (RGB from minigrid's POV render, or `gen_obs()["image"]`), `info["phi"]`
+    is the transition's cumulant. `reset(options={"layout": (agent_pos, agent_dir, obj_pos), "w": w})` forces a
+    layout and task; set `respawn_uniform` to a function returning u in [0, 1) to replay given respawns.
+    """
+
+    def __init__(
+        self,
+        tasks=TRAIN_TASKS,
+        obs_mode: str = "rgb",
+        view_size: int = 5,
+        tile_size: int = 8,
+        truncate_task_input: bool = False,
+        max_steps: int = MAX_STEPS,
+        render_mode: str | None = None,
+    ):
+        import gymnasium
+        from minigrid.core.mission import MissionSpace
+
+        require(obs_mode in OBS_MODES, f"unknown observation mode {obs_mode!r}; use one of {OBS_MODES}")
+        require(
+            isinstance(view_size, int) and view_size >= 3 and view_size % 2 == 1,
+            f"view size must be an odd integer >= 3 (minigrid's rule), got {view_size!r}",
+        )
+        self.tasks = np.asarray(make_params(tasks, max_steps).tasks)
+        self.obs_mode = obs_mode
+        self.obs_tile_size = tile_size
+        self.truncate_task_input = truncate_task_input
+        self.respawn_uniform = None
+        self.w = self.tasks[0]
+        self._forced = {}
+        super().__init__(
+            mission_space=MissionSpace(mission_func=lambda: "pick up the objects the task rewards"),
+            grid_size=ROOM_SIZE,
+            max_steps=max_steps,
+            see_through_walls=False,
+            agent_view_size=view_size,
+            render_mode=render_mode,
+        )
+        self.action_space = gymnasium.spaces.Discrete(NUM_ACTIONS)
+        shape = (view_size * tile_size, view_size * tile_size, 3) if obs_mode == "rgb" else (view_size, view_size, 3)
+        self.observation_space = gymnasium.spaces.Dict(
+            {
+                "image": gymnasium.spaces.Box(0, 255, shape, np.uint8),
+                "w": gymnasium.spaces.Box(-np.inf, np.inf, (NUM_CATEGORIES,), np.float32),
+            }
+        )
+
+    def reset(self, *, seed=None, options=None):
+        self._forced = dict(options or {})
+        return super().reset(seed=seed)
+
+    def _gen_grid(self, width, height):
+        from minigrid.core.grid import Grid
+
+        forced_w = self._forced.get("w")
+        if forced_w is not None:
+            self.w = np.asarray(make_params(forced_w).tasks[0])
+        else:
+            self.w = self.tasks[self.np_random.integers(len(self.tasks))]
+        layout = self._forced.get("layout")
+        while True:
+            self.grid = Grid(width, height)
+            self.grid.wall_rect(0, 0, width, height)
+            objects = [obj for obj in _minigrid_objects() for _ in range(OBJECTS_PER_CATEGORY)]
+            objects = [type(o)(o.color) for o in objects]  # distinct instances
+            if layout is not None:
+                agent_pos, agent_dir, obj_pos = (np.asarray(a) for a in layout)
+                for obj, (x, y) in zip(objects, obj_pos):
+                    self.put_obj(obj, int(x), int(y))
+                self.agent_pos, self.agent_dir = (int(agent_pos[0]), int(agent_pos[1])), int(agent_dir)
+                return
+            for obj in objects:
+                self.place_obj(obj)
+            self.place_agent()
+            if self._layout_is_valid(objects):
+                return
+
+    def _layout_is_valid(self, objects) -> bool:
+        front = self.grid.get(*self.front_pos)
+        if front is not None and front.type != "wall":
+            return False
+        reached, frontier = {tuple(self.agent_pos)}, [tuple(self.agent_pos)]
+        while frontier:
+            x, y = frontier.pop()
+            for dx, dy in DIR_TO_VEC:
+                cell = (x + int(dx), y + int(dy))
+                if cell not in reached and self.grid.get(*cell) is None:
+                    reached.add(cell)
+                    frontier.append(cell)
+        return all(
+            any((o.cur_pos[0] + int(dx), o.cur_pos[1] + int(dy)) in reached for dx, dy in DIR_TO_VEC)
+            for o in objects
+        )
+
+    def step(self, action):
+        if action not in range(NUM_ACTIONS):
+            raise ValueError(f"action must be one of 0..{NUM_ACTIONS - 1} (left, right, forward, pickup), got {action!r}")
+        self.step_count += 1
+        reward = np.float32(0.0)
+        phi = np.zeros(NUM_CATEGORIES, np.float32)
+        u = None
+        fwd_pos = self.front_pos
+        fwd_cell = self.grid.get(*fwd_pos)
+        if action == LEFT:
+            self.agent_dir = (self.agent_dir - 1) % 4
+        elif action == RIGHT:
+            self.agent_dir = (self.agent_dir + 1) % 4
+        elif action == FORWARD:
+            if fwd_cell is None or fwd_cell.can_overlap():
+                self.agent_pos = tuple(int(c) for c in fwd_pos)
+        elif fwd_cell is not None and fwd_cell.can_pickup():
+            k = CATEGORY_KINDS.index((fwd_cell.type, fwd_cell.color))
+            phi[k] = 1.0
+            reward = np.float32(self.w[k])
+            self.grid.set(*fwd_pos, None)
+            u = self._respawn(fwd_cell)
+        truncated = self.step_count >= self.max_steps
+        return self.gen_obs(), float(reward), False, truncated, {"phi": phi, "respawn_u": u}
+
+    min_respawn_distance = RESPAWN_MIN_DISTANCE
+
+    def _respawn(self, obj) -> float:
+        """Put obj back at the k-th empty cell (row-major) at Manhattan distance >= 2, k = floor(u * n)."""
+        u = np.float32(self.respawn_uniform() if self.respawn_uniform is not None else self.np_random.random())
+        ax, ay = self.agent_pos
+        candidates = [
+            (x, y)
+            for y in range(self.height)
+            for x in range(self.width)
+            if self.grid.get(x, y) is None and abs(x - ax) + abs(y - ay) >= self.min_respawn_distance
+        ]
+        n = len(candidates)
+        k = min(int(np.floor(u * np.float32(n))), n - 1)
+        self.put_obj(obj, *candidates[k])
+        return float(u)
+
+    def gen_obs(self):
+        if self.obs_mode == "rgb":
+            image = self.get_pov_render(self.obs_tile_size)
+        else:
+            image = super().gen_obs()["image"]
+        w = np.trunc(self.w) if self.truncate_task_input else self.w
+        return {"image": image, "w": np.asarray(w, np.float32)}
