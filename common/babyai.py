@@ -195,6 +195,7 @@ class GotoAvoid(environment.Environment[EnvState, EnvParams]):
         encoding, tiles = _tables(tile_size)
         self._encoding = encoding
         self._tiles = tiles
+        self._visibility = visibility_table(view_size)
 
     # ----------------------------------------------------------------------------------------------- gymnax API
     @property
@@ -241,8 +242,7 @@ class GotoAvoid(environment.Environment[EnvState, EnvParams]):
         key_step, key_reset = jax.random.split(key)
         stepped, reward, info = self.transition(key_step, state, action, params)
         truncated = self.is_truncated(stepped, params)
-        fresh = self.initial_state(key_reset, params)
-        state = jax.tree.map(lambda r, s: jax.lax.select(truncated, r, s), fresh, stepped)
+        state = self.reset_where(key_reset, stepped, truncated, params)
         terminated = jnp.zeros((), bool)
         info = {**info, "terminated": terminated, "truncated": truncated}
         return self.observe(state), state, reward, terminated, truncated, info
@@ -252,32 +252,43 @@ class GotoAvoid(environment.Environment[EnvState, EnvParams]):
 
     # ------------------------------------------------------------------------------------------------- dynamics
     def initial_state(self, key: jax.Array, params: EnvParams) -> EnvState:
-        """A new episode: a layout drawn until valid (see module doc) and a task drawn from params.tasks."""
-        key_layout, key_task = jax.random.split(key)
+        """A new episode: a valid layout (see the module doc) and a task drawn from params.tasks."""
+        blank = EnvState(
+            time=jnp.zeros((), jnp.int32),
+            agent_pos=jnp.zeros(2, jnp.int32),
+            agent_dir=jnp.zeros((), jnp.int32),
+            obj_pos=jnp.zeros((NUM_OBJECTS, 2), jnp.int32),
+            w=jnp.zeros(NUM_CATEGORIES, jnp.float32),
+        )
+        return self.reset_where(key, blank, jnp.ones((), bool), params)
 
+    def reset_where(self, key: jax.Array, state: EnvState, reset: jax.Array, params: EnvParams) -> EnvState:
+        """`state` with a new episode where `reset` is true.
+
+        Layouts are drawn inside a while_loop that runs while the env still needs one: under vmap the loop stops
+        as soon as no env in the batch needs a layout, so steps on which no env resets pay nothing for it.
+        """
         def draw(k):
-            k_cells, k_dir = jax.random.split(k)
-            cells = jnp.asarray(INTERIOR_CELLS)[jax.random.permutation(k_cells, len(INTERIOR_CELLS))[: NUM_OBJECTS + 1]]
-            agent_dir = jax.random.randint(k_dir, (), 0, 4)
-            return cells[NUM_OBJECTS], agent_dir, cells[:NUM_OBJECTS]
-
-        def invalid(carry):
-            return ~layout_is_valid(*carry[1])
+            k_cells, k_dir, k_task = jax.random.split(k, 3)
+            order = jax.random.permutation(k_cells, len(INTERIOR_CELLS))[: NUM_OBJECTS + 1]
+            cells = jnp.asarray(INTERIOR_CELLS)[order]
+            w = params.tasks[jax.random.randint(k_task, (), 0, params.tasks.shape[0])].astype(jnp.float32)
+            return cells[NUM_OBJECTS], jax.random.randint(k_dir, (), 0, 4), cells[:NUM_OBJECTS], w
 
         def redraw(carry):
-            k, _ = carry
+            k, _, _ = carry
             k, sub = jax.random.split(k)
-            return k, draw(sub)
+            episode = draw(sub)
+            return k, episode, ~layout_is_valid(*episode[:3])
 
-        key_layout, sub = jax.random.split(key_layout)
-        _, (agent_pos, agent_dir, obj_pos) = jax.lax.while_loop(invalid, redraw, (key_layout, draw(sub)))
-        task = jax.random.randint(key_task, (), 0, params.tasks.shape[0])
+        episode = (state.agent_pos, state.agent_dir, state.obj_pos, state.w)
+        _, (agent_pos, agent_dir, obj_pos, w), _ = jax.lax.while_loop(lambda c: c[2], redraw, (key, episode, reset))
         return EnvState(
-            time=jnp.zeros((), jnp.int32),
-            agent_pos=agent_pos,
+            time=jnp.where(reset, 0, state.time).astype(jnp.int32),
+            agent_pos=agent_pos.astype(jnp.int32),
             agent_dir=agent_dir.astype(jnp.int32),
-            obj_pos=obj_pos,
-            w=params.tasks[task].astype(jnp.float32),
+            obj_pos=obj_pos.astype(jnp.int32),
+            w=w,
         )
 
     def transition(self, key: jax.Array, state: EnvState, action, params: EnvParams):
@@ -307,39 +318,77 @@ class GotoAvoid(environment.Environment[EnvState, EnvParams]):
     # ------------------------------------------------------------------------------------------------ rendering
     def view_cells(self, state: EnvState) -> jax.Array:
         """Cell codes of the agent's view [i, j] (minigrid view coordinates), walls outside the room."""
-        v = self.view_size
-        fwd = jnp.asarray(DIR_TO_VEC)[state.agent_dir]
-        right = jnp.stack([-fwd[1], fwd[0]])
-        i = jnp.arange(v)[:, None]
-        j = jnp.arange(v)[None, :]
-        x = state.agent_pos[0] + (v - 1 - j) * fwd[0] + (i - v // 2) * right[0]
-        y = state.agent_pos[1] + (v - 1 - j) * fwd[1] + (i - v // 2) * right[1]
-        padded = jnp.pad(world_grid(state.obj_pos), v, constant_values=WALL)
-        return padded[x + v, y + v]
+        x, y = view_coords(state.agent_pos, state.agent_dir, self.view_size)
+        return cell_codes(x, y, state.obj_pos)
 
     def observe(self, state: EnvState) -> Observation:
         codes = self.view_cells(state)
-        index = jnp.where(visibility(codes != WALL), codes + 1, 0)  # 0 = unseen, else cell code + 1
+        visible = jnp.asarray(self._visibility)[state.agent_pos[0], state.agent_pos[1], state.agent_dir]
+        index = jnp.where(visible, codes + 1, 0)  # 0 = unseen, else cell code + 1
         if self.obs_mode == "symbolic":
             image = jnp.asarray(self._encoding)[index]
         else:
             v, ts = self.view_size, self.tile_size
             index = index.at[v // 2, v - 1].set(len(self._tiles) - 1)  # the agent's own cell
-            tiles = jnp.asarray(self._tiles)[index]  # [x, y, ty, tx, 3]
-            image = tiles.transpose(1, 2, 0, 3, 4).reshape(v * ts, v * ts, 3)
+            # Picking tiles with a one-hot product is exact (one nonzero term) and much faster on CPU than a gather.
+            one_hot = (index.T[..., None] == jnp.arange(len(self._tiles))).astype(jnp.uint8)  # [y, x, tile]
+            tiles = jnp.dot(one_hot, jnp.asarray(self._tiles).reshape(len(self._tiles), -1), preferred_element_type=jnp.uint8)
+            image = tiles.reshape(v, v, ts, ts, 3).transpose(0, 2, 1, 3, 4).reshape(v * ts, v * ts, 3)
         w = jnp.trunc(state.w) if self.truncate_task_input else state.w
         return Observation(image=image, w=w)
+
+
+def view_coords(agent_pos: jax.Array, agent_dir: jax.Array, v: int) -> tuple[jax.Array, jax.Array]:
+    """World (x, y) of each view cell [i, j]; the agent is at view cell (v // 2, v - 1) looking toward j = 0."""
+    fwd = jnp.asarray(DIR_TO_VEC)[agent_dir]
+    right = jnp.stack([-fwd[1], fwd[0]])
+    i = jnp.arange(v)[:, None]
+    j = jnp.arange(v)[None, :]
+    x = agent_pos[0] + (v - 1 - j) * fwd[0] + (i - v // 2) * right[0]
+    y = agent_pos[1] + (v - 1 - j) * fwd[1] + (i - v // 2) * right[1]
+    return x, y
+
+
+def cell_codes(x: jax.Array, y: jax.Array, obj_pos: jax.Array) -> jax.Array:
+    """Cell code at world coordinates (x, y): WALL outside the interior, else the object there or EMPTY."""
+    inside = (x >= 1) & (x <= ROOM_SIZE - 2) & (y >= 1) & (y <= ROOM_SIZE - 2)
+    here = (x[..., None] == obj_pos[:, 0]) & (y[..., None] == obj_pos[:, 1])
+    code = jnp.max(jnp.where(here, OBJECT + jnp.asarray(OBJECT_CATEGORY), EMPTY), -1)
+    return jnp.where(inside, code, WALL)
+
+
+def visibility_table(view_size: int) -> np.ndarray:
+    """minigrid's visibility mask [V, V] for every agent pose [x, y, dir] in the room.
+
+    Only walls occlude in minigrid (keys, balls and boxes do not), and the walls of this room never move, so what
+    the agent can see depends on its pose alone: computing it once saves the per-step occlusion pass. A variant
+    with moving occluders would call `visibility` in `observe` instead.
+    """
+    assert all(obj.see_behind() for obj in _minigrid_objects()), "an object category occludes: use per-step visibility"
+    xs, ys, ds = np.meshgrid(np.arange(ROOM_SIZE), np.arange(ROOM_SIZE), np.arange(4), indexing="ij")
+
+    def pose_mask(x, y, d):
+        vx, vy = view_coords(jnp.stack([x, y]), d, view_size)
+        return visibility(cell_codes(vx, vy, jnp.full((1, 2), -1)) != WALL)
+
+    masks = jax.jit(jax.vmap(pose_mask))(xs.ravel(), ys.ravel(), ds.ravel())
+    return np.asarray(masks).reshape(ROOM_SIZE, ROOM_SIZE, 4, view_size, view_size)
 
 
 def respawn_cell(grid: jax.Array, agent_pos: jax.Array, u: jax.Array) -> jax.Array:
     """The empty cell at Manhattan distance >= 2 from the agent chosen by u (see module doc)."""
     xs = jnp.arange(ROOM_SIZE)
     dist = jnp.abs(xs[:, None] - agent_pos[0]) + jnp.abs(xs[None, :] - agent_pos[1])
-    candidates = ((grid == EMPTY) & (dist >= RESPAWN_MIN_DISTANCE)).T.reshape(-1)  # row-major: index = y * ROOM_SIZE + x
-    n = candidates.sum()
+    candidates = ((grid == EMPTY) & (dist >= RESPAWN_MIN_DISTANCE)).T.astype(jnp.int32)  # [y, x]: row-major
+    per_row = candidates.sum(1)
+    through_row = jnp.cumsum(per_row)
+    n = through_row[-1]
     k = jnp.minimum(jnp.floor(u * n.astype(jnp.float32)).astype(jnp.int32), n - 1)
-    index = jnp.argmax(jnp.cumsum(candidates) > k)
-    return jnp.stack([index % ROOM_SIZE, index // ROOM_SIZE]).astype(jnp.int32)
+    # Two short cumsums (rows, then within the row) are much cheaper on CPU than one over all 100 cells.
+    y = jnp.sum(through_row <= k)
+    k_in_row = k - (through_row[y] - per_row[y])
+    x = jnp.sum(jnp.cumsum(candidates[y]) <= k_in_row)
+    return jnp.stack([x, y]).astype(jnp.int32)
 
 
 def layout_is_valid(agent_pos: jax.Array, agent_dir: jax.Array, obj_pos: jax.Array) -> jax.Array:
@@ -392,11 +441,10 @@ def bfs_oracle_action(state: EnvState) -> jax.Array:
     return jnp.where(wanted[cell(ahead)], PICKUP, action).astype(jnp.int32)
 
 
-def bfs_oracle_returns(tasks=TEST_TASKS, num_episodes: int = 100, seed: int = 0):
-    """Mean and standard error of the oracle's episode return for each task, over num_episodes episodes each."""
+def policy_returns(policy, tasks=TEST_TASKS, num_episodes: int = 100, seed: int = 0):
+    """Mean and standard error of the episode return of `policy(key, state) -> action` for each task."""
     require(num_episodes >= 2, f"num_episodes must be at least 2 to give a standard error, got {num_episodes}")
-    tasks = np.asarray(tasks, np.float32)
-    make_params(tasks)  # validates the shape
+    tasks = np.asarray(make_params(tasks).tasks)
     env = GotoAvoid(obs_mode="symbolic")
 
     def episode_return(key, w):
@@ -405,17 +453,42 @@ def bfs_oracle_returns(tasks=TEST_TASKS, num_episodes: int = 100, seed: int = 0)
         _, state = env.reset(key_reset, params)
 
         def step(state, key):
-            _, state, reward, _, _, _ = env.step(key, state, bfs_oracle_action(state), params)
+            key_act, key_env = jax.random.split(key)
+            _, state, reward, _, _, _ = env.step(key_env, state, policy(key_act, state), params)
             return state, reward
 
         _, rewards = jax.lax.scan(step, state, jax.random.split(key_steps, params.max_steps_in_episode))
         return rewards.sum()
 
     keys = jax.random.split(jax.random.PRNGKey(seed), (len(tasks), num_episodes))
-    returns = np.asarray(
-        jax.jit(jax.vmap(jax.vmap(episode_return, (0, None)), (0, 0)))(keys, jnp.asarray(tasks))
-    )
+    returns = np.asarray(jax.jit(jax.vmap(jax.vmap(episode_return, (0, None))))(keys, jnp.asarray(tasks)))
     return returns.mean(1), returns.std(1, ddof=1) / np.sqrt(num_episodes)
+
+
+def bfs_oracle_returns(tasks=TEST_TASKS, num_episodes: int = 100, seed: int = 0):
+    """The paper's "BFS State Oracle" reference: mean and standard error of its return per task."""
+    return policy_returns(lambda key, state: bfs_oracle_action(state), tasks, num_episodes, seed)
+
+
+def random_policy_returns(tasks=TEST_TASKS, num_episodes: int = 100, seed: int = 0):
+    """Uniformly random actions: mean and standard error of the return per task."""
+    return policy_returns(lambda key, state: jax.random.randint(key, (), 0, NUM_ACTIONS), tasks, num_episodes, seed)
+
+
+def format_task(w) -> str:
+    """A task vector as written in eval.csv and the tables: comma-separated, shortest exact form (e.g. -1,1,-1,0.5)."""
+    return ",".join(f"{float(x):g}" for x in np.asarray(w))
+
+
+def _print_reference_table(episodes: int = 100, seed: int = 0) -> None:
+    """Print the BFS oracle's and a random policy's return for every train and test task (a markdown table)."""
+    print(f"| split | task | BFS oracle | random policy |  ({episodes} episodes of {MAX_STEPS} steps each)")
+    print("|---|---|---:|---:|")
+    for split, tasks in (("train", TRAIN_TASKS), ("test", TEST_TASKS)):
+        oracle, oracle_se = bfs_oracle_returns(tasks, episodes, seed)
+        rand, rand_se = random_policy_returns(tasks, episodes, seed)
+        for w, m, se, rm, rse in zip(tasks, oracle, oracle_se, rand, rand_se):
+            print(f"| {split} | {format_task(w)} | {m:.2f} ± {se:.2f} | {rm:.2f} ± {rse:.2f} |")
 
 
 # -------------------------------------------------------------------------------------------------- minigrid twin
@@ -571,3 +644,11 @@ class GotoAvoidMiniGrid(_make_twin_base()):
             image = super().gen_obs()["image"]
         w = np.trunc(self.w) if self.truncate_task_input else self.w
         return {"image": image, "w": np.asarray(w, np.float32)}
+
+
+if __name__ == "__main__":
+    import tyro
+
+    from common.errors import exit_on_config_error
+
+    exit_on_config_error(tyro.cli)(_print_reference_table)
