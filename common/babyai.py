@@ -325,17 +325,23 @@ class GotoAvoid(environment.Environment[EnvState, EnvParams]):
         codes = self.view_cells(state)
         visible = jnp.asarray(self._visibility)[state.agent_pos[0], state.agent_pos[1], state.agent_dir]
         index = jnp.where(visible, codes + 1, 0)  # 0 = unseen, else cell code + 1
-        if self.obs_mode == "symbolic":
-            image = jnp.asarray(self._encoding)[index]
-        else:
-            v, ts = self.view_size, self.tile_size
-            index = index.at[v // 2, v - 1].set(len(self._tiles) - 1)  # the agent's own cell
-            # Picking tiles with a one-hot product is exact (one nonzero term) and much faster on CPU than a gather.
-            one_hot = (index.T[..., None] == jnp.arange(len(self._tiles))).astype(jnp.uint8)  # [y, x, tile]
-            tiles = jnp.dot(one_hot, jnp.asarray(self._tiles).reshape(len(self._tiles), -1), preferred_element_type=jnp.uint8)
-            image = tiles.reshape(v, v, ts, ts, 3).transpose(0, 2, 1, 3, 4).reshape(v * ts, v * ts, 3)
+        image = jnp.asarray(self._encoding)[index] if self.obs_mode == "symbolic" else self._render(index)
         w = jnp.trunc(state.w) if self.truncate_task_input else state.w
         return Observation(image=image, w=w)
+
+    def _render(self, index: jax.Array) -> jax.Array:
+        """RGB image of a view given as encoding-table indices [x, y] (see `_tables`)."""
+        v, ts = self.view_size, self.tile_size
+        index = index.at[v // 2, v - 1].set(len(self._tiles) - 1)  # the agent's own cell
+        # Picking tiles with a one-hot product is exact (one nonzero term) and much faster on CPU than a gather.
+        one_hot = (index.T[..., None] == jnp.arange(len(self._tiles))).astype(jnp.uint8)  # [y, x, tile]
+        tiles = jnp.dot(one_hot, jnp.asarray(self._tiles).reshape(len(self._tiles), -1), preferred_element_type=jnp.uint8)
+        return tiles.reshape(v, v, ts, ts, 3).transpose(0, 2, 1, 3, 4).reshape(v * ts, v * ts, 3)
+
+    def rgb_from_symbolic(self, image: jax.Array) -> jax.Array:
+        """The RGB observation of a symbolic one: lets replay store 75-byte views and render them in the learner."""
+        matches = jnp.all(image[..., None, :] == jnp.asarray(self._encoding), axis=-1)  # [x, y, table entry]
+        return self._render(jnp.argmax(matches, axis=-1))
 
 
 def view_coords(agent_pos: jax.Array, agent_dir: jax.Array, v: int) -> tuple[jax.Array, jax.Array]:

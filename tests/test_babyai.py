@@ -180,3 +180,10 @@ def test_command_lines_stop_with_one_line(argv, message):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], out.stderr
+
+
+def test_rgb_can_be_rendered_from_the_symbolic_view():
+    env, states = random_states(300, 11)
+    rgb = GotoAvoid(obs_mode="rgb")
+    symbolic = jax.vmap(env.observe)(states).image
+    np.testing.assert_array_equal(jax.vmap(rgb.rgb_from_symbolic)(symbolic), jax.vmap(rgb.observe)(states).image)
