@@ -31,12 +31,35 @@ def linear(in_size: int, out_size: int, key, use_bias: bool = True, scale: float
     return layer
 
 
-def conv(in_ch: int, out_ch: int, kernel: int, stride: int, key) -> eqx.nn.Conv2d:
-    """haiku Conv2D with SAME padding and haiku's initialiser (channels-first, as Equinox)."""
-    layer = eqx.nn.Conv2d(in_ch, out_ch, kernel, stride=stride, padding="SAME", key=key)
-    fan_in = in_ch * kernel * kernel
-    weight = _truncated_normal(key, layer.weight.shape, 1.0 / math.sqrt(fan_in))
-    return eqx.tree_at(lambda l: (l.weight, l.bias), layer, (weight, jnp.zeros_like(layer.bias)))
+class Conv2d(eqx.Module):
+    """haiku's Conv2D with SAME padding on an [H, W, C] image, computed as patches @ weight.
+
+    XLA:CPU runs native convolutions inside loops (a `lax.scan` of SGD steps) an order of magnitude slower than
+    outside them; strided slices and one matmul run at full speed everywhere (benchmarks/learner.py measures it).
+    """
+
+    weight: jax.Array  # [kernel * kernel * in_ch, out_ch], rows ordered (dy, dx, in_ch)
+    bias: jax.Array
+    kernel: int = eqx.field(static=True)
+    stride: int = eqx.field(static=True)
+
+    def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int, key):
+        fan_in = in_ch * kernel * kernel
+        self.weight = _truncated_normal(key, (fan_in, out_ch), 1.0 / math.sqrt(fan_in))
+        self.bias = jnp.zeros(out_ch)
+        self.kernel, self.stride = kernel, stride
+
+    def __call__(self, x):
+        k, s = self.kernel, self.stride
+        h, w = x.shape[:2]
+        out_h, out_w = -(-h // s), -(-w // s)
+        pad_h, pad_w = max((out_h - 1) * s + k - h, 0), max((out_w - 1) * s + k - w, 0)
+        x = jnp.pad(x, ((pad_h // 2, pad_h - pad_h // 2), (pad_w // 2, pad_w - pad_w // 2), (0, 0)))
+        patches = jnp.stack(
+            [x[dy : dy + s * (out_h - 1) + 1 : s, dx : dx + s * (out_w - 1) + 1 : s] for dy in range(k) for dx in range(k)],
+            axis=2,
+        )  # [out_h, out_w, k * k, C]
+        return patches.reshape(out_h, out_w, -1) @ self.weight + self.bias
 
 
 class MLP(eqx.Module):
@@ -76,17 +99,19 @@ class DQNTorso(eqx.Module):
     """The original's "atari" torso: conv 32x8x8/4, 64x4x4/2, 64x3x3/1 (ReLU), 16x1x1; on 40x40 RGB it keeps one
     5x5 cell per grid tile. Input uint8 [H, W, 3]; output float [H/8, W/8, 16]."""
 
-    convs: tuple[eqx.nn.Conv2d, ...]
+    convs: tuple[Conv2d, ...]
 
     def __init__(self, key):
         k = jax.random.split(key, 4)
-        self.convs = (conv(3, 32, 8, 4, k[0]), conv(32, 64, 4, 2, k[1]), conv(64, 64, 3, 1, k[2]), conv(64, 16, 1, 1, k[3]))
+        self.convs = (
+            Conv2d(3, 32, 8, 4, k[0]), Conv2d(32, 64, 4, 2, k[1]), Conv2d(64, 64, 3, 1, k[2]), Conv2d(64, 16, 1, 1, k[3])
+        )
 
     def __call__(self, image):
-        x = jnp.transpose(image.astype(jnp.float32) / 255.0, (2, 0, 1))
+        x = image.astype(jnp.float32) / 255.0
         for layer in self.convs[:-1]:
             x = jax.nn.relu(layer(x))
-        return jnp.transpose(self.convs[-1](x), (1, 2, 0))
+        return self.convs[-1](x)
 
 
 def count_params(model) -> int:
