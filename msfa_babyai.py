@@ -57,7 +57,7 @@ class Args:
     num_seeds: int = 1
     """independent runs trained side by side in one program (vmapped)"""
     total_timesteps: int = 5_000_000
-    """env steps per seed"""
+    """env steps per seed (rounded up to whole iterations of num_envs x sequence_period)"""
     num_envs: int = 32
     """parallel envs per seed (the original used 3 actor processes)"""
     run_dir: str | None = None
@@ -66,7 +66,7 @@ class Args:
     """greedy episodes per task and per GPI setting at each evaluation"""
     eval_every: int = 250_000
     """env steps (per seed) between evaluations; one more runs at the end"""
-    log_every: int = 20_480
+    log_every: int = 2_560
     """env steps (per seed) between progress lines and metrics rows"""
     track: bool = False
     """log to Weights & Biases"""
@@ -627,7 +627,7 @@ def main(args: Args) -> None:
         (run_dir / "config.json").write_text(json.dumps(config, indent=2))
 
     per_iteration = steps_per_iteration(args)
-    total_iterations = args.total_timesteps // per_iteration
+    total_iterations = -(-args.total_timesteps // per_iteration)  # at least --total-timesteps
     chunk_iterations = max(1, args.log_every // per_iteration)
     eval_every_iterations = max(1, args.eval_every // per_iteration)
     train_chunk = make_train_chunk(setup, args, chunk_iterations)

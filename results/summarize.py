@@ -1,0 +1,72 @@
+"""Markdown table of a run's final evaluation next to the BFS oracle and random play.
+
+    python -m results.summarize results/babyai/msfa_1M [--episodes 100]
+
+For each task: the mean over seeds of each seed's greedy return at the last evaluation step, ± the standard error
+over seeds (or the spread over episodes when there is one seed), with GPI and without; then the references.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tyro
+
+from common.babyai import TEST_TASKS, TRAIN_TASKS, bfs_oracle_returns, format_task, random_policy_returns
+from common.errors import exit_on_config_error, require
+
+
+@dataclass
+class Args:
+    run_dir: tyro.conf.Positional[str]
+    """a run directory (or a copy of its eval.csv's folder)"""
+    episodes: int = 100
+    """episodes per task for the oracle and random references"""
+
+
+def final_returns(eval_csv: Path):
+    rows = list(csv.DictReader(eval_csv.open()))
+    require(rows, f"{eval_csv} has no evaluation rows yet")
+    last = max(int(r["step"]) for r in rows)
+    table = defaultdict(list)  # (task, gpi) -> per-seed means
+    for r in rows:
+        if int(r["step"]) == last:
+            table[(r["task"], int(r["gpi"]))].append(float(r["return_mean"]))
+    return last, table
+
+
+def mean_se(values):
+    values = np.asarray(values)
+    se = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else float("nan")
+    return f"{values.mean():.2f} ± {se:.2f}" if len(values) > 1 else f"{values.mean():.2f}"
+
+
+@exit_on_config_error
+def main(args: Args) -> None:
+    eval_csv = Path(args.run_dir) / "eval.csv"
+    require(eval_csv.exists(), f"no eval.csv in {args.run_dir}; pass a run directory")
+    step, table = final_returns(eval_csv)
+    seeds = len(next(iter(table.values())))
+    oracle = {}
+    rand = {}
+    for tasks in (TRAIN_TASKS, TEST_TASKS):
+        o, ose = bfs_oracle_returns(tasks, args.episodes)
+        r, rse = random_policy_returns(tasks, args.episodes)
+        for w, a, b, c, d in zip(tasks, o, ose, r, rse):
+            oracle[format_task(w)], rand[format_task(w)] = f"{a:.2f} ± {b:.2f}", f"{c:.2f} ± {d:.2f}"
+    print(f"Greedy return at step {step:,}, mean ± s.e. over {seeds} seed(s) of each seed's mean; references over "
+          f"{args.episodes} episodes.\n")
+    print("| split | task | GPI | no GPI | BFS oracle | random |")
+    print("|---|---|---:|---:|---:|---:|")
+    for split, tasks in (("train", TRAIN_TASKS), ("test", TEST_TASKS)):
+        for w in tasks:
+            t = format_task(w)
+            print(f"| {split} | {t} | {mean_se(table[(t, 1)])} | {mean_se(table[(t, 0)])} | {oracle[t]} | {rand[t]} |")
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
