@@ -586,7 +586,13 @@ def load_checkpoint(path: Path, skeleton: TrainState) -> tuple[TrainState, dict]
 
 
 METRIC_FIELDS = ["step", "seed", "sps", "sgd_steps", "epsilon", "loss", "loss_q", "loss_psi", "loss_phi", "q_mean",
-                 "grad_norm"] + [f"return_train_{format_task(w)}" for w in TRAIN_TASKS]
+                 "grad_norm", "rss_gb"] + [f"return_train_{format_task(w)}" for w in TRAIN_TASKS]
+
+
+def peak_rss_gb() -> float:
+    """Peak resident memory of this process (replay included), in GB."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # Linux reports KiB
 EVAL_FIELDS = ["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"]
 
 
@@ -615,12 +621,12 @@ def main(args: Args) -> None:
     keys = jnp.stack([jax.random.PRNGKey(s) for s in seeds])
     state = jax.vmap(lambda k: init_train_state(setup, args, k))(keys)
     num_params = count_params(eqx.combine(jax.tree.map(lambda x: x[0], state.params), setup.static))
-    print(f"MSFA network: {num_params:,} parameters (paper: 2.1M)")
+    print(f"MSFA network: {num_params:,} parameters (paper: 2.1M)", flush=True)
     start_step = 0
     if args.resume:
         state, meta = load_checkpoint(checkpoint_path, state)
         start_step = meta["step"]
-        print(f"resumed {run_dir} at step {start_step:,}")
+        print(f"resumed {run_dir} at step {start_step:,}", flush=True)
     else:
         config = {"args": dataclasses.asdict(args), "versions": versions(), "num_params": num_params,
                   "sgd_steps_per_iteration": sgd_steps_per_iteration(args), "command": " ".join(sys.argv)}
@@ -675,7 +681,7 @@ def main(args: Args) -> None:
             m = {k: v[i] for k, v in metrics.items()}
             learning = m["learning"] > 0
             row = {"step": step, "seed": seed, "sps": round(sps, 1), "sgd_steps": int(state.sgd_steps[i]),
-                   "epsilon": float(m["epsilon"].mean())}
+                   "epsilon": float(m["epsilon"].mean()), "rss_gb": round(peak_rss_gb(), 2)}
             for k in ("loss", "loss_q", "loss_psi", "loss_phi", "q_mean", "grad_norm"):
                 row[k] = float(m[k][learning].mean()) if learning.any() else ""
             counts, sums = m["return_count"].sum(0), m["return_sum"].sum(0)
@@ -693,8 +699,8 @@ def main(args: Args) -> None:
         loss = [r["loss"] for r in rows if r["loss"] != ""]
         print(f"step {step:,}/{total_iterations * per_iteration:,} | {sps:,.0f} SPS | ETA {eta / 60:.1f} min | "
               f"train return {np.mean(returns) if returns else float('nan'):.2f} | "
-              f"loss {np.mean(loss) if loss else float('nan'):.4f} | sgd steps {int(state.sgd_steps[0]):,}",
-              flush=True)
+              f"loss {np.mean(loss) if loss else float('nan'):.4f} | sgd steps {int(state.sgd_steps[0]):,} | "
+              f"RSS {peak_rss_gb():.1f} GB", flush=True)
         if iteration >= next_eval or iteration >= total_iterations:
             run_eval(state, step)
             next_eval += eval_every_iterations
