@@ -184,7 +184,7 @@ def run(tmp_path: Path, name: str, **overrides) -> Path:
     return Path(args.run_dir)
 
 
-def read(path: Path, drop=("sps",)):
+def read(path: Path, drop=("sps", "rss_gb")):
     with path.open() as f:
         return [{k: v for k, v in row.items() if k not in drop} for row in csv.DictReader(f)]
 
