@@ -698,8 +698,8 @@ def main(args: Args) -> None:
         returns = [x for x in returns if x != ""]
         loss = [r["loss"] for r in rows if r["loss"] != ""]
         print(f"step {step:,}/{total_iterations * per_iteration:,} | {sps:,.0f} SPS | ETA {eta / 60:.1f} min | "
-              f"train return {np.mean(returns) if returns else float('nan'):.2f} | "
-              f"loss {np.mean(loss) if loss else float('nan'):.4f} | sgd steps {int(state.sgd_steps[0]):,} | "
+              f"train return {f'{np.mean(returns):.2f}' if returns else '-'} | "
+              f"loss {f'{np.mean(loss):.4f}' if loss else '-'} | sgd steps {int(state.sgd_steps[0]):,} | "
               f"RSS {peak_rss_gb():.1f} GB", flush=True)
         if iteration >= next_eval or iteration >= total_iterations:
             run_eval(state, step)

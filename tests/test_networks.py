@@ -29,3 +29,21 @@ def test_lstm_is_haikus():
     h_new, c_out = cell(x, (h, c))
     np.testing.assert_allclose(c_out, c_new, rtol=1e-6)
     np.testing.assert_allclose(h_new, sig(o) * np.tanh(c_new), rtol=1e-6)
+
+
+def test_farm_modules_have_their_own_parameters():
+    """One step: perturbing module 0's LSTM or gate changes only module 0's new state (the modules read each
+    other's previous states, not their new ones); the attention memory has the extra zero slot."""
+    from common.farm import FARM
+
+    farm = FARM(3, 8, 2, channels=4, num_pixels=9, vector_size=5, projection=4, key=jax.random.PRNGKey(0))
+    image_map = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 4))
+    vector = jax.random.normal(jax.random.PRNGKey(2), (5,))
+    state = (jax.random.normal(jax.random.PRNGKey(3), (3, 8)), jax.random.normal(jax.random.PRNGKey(4), (3, 8)))
+    h, _ = farm(image_map, vector, state)
+    for where in (lambda f: f.lstm.linear.weight, lambda f: f.gate.weight):
+        bumped = eqx.tree_at(where, farm, where(farm).at[0].add(0.5))
+        h2, _ = bumped(image_map, vector, state)
+        assert jnp.abs(h2[0] - h[0]).max() > 1e-4
+        np.testing.assert_array_equal(h2[1:], h[1:])
+    assert farm.lstm.linear.weight.shape[0] == 3 and farm.gate.weight.shape[0] == 3  # stacked per module
