@@ -3,7 +3,7 @@
     python -m results.summarize results/babyai/msfa_1M [--episodes 100]
 
 For each task: the mean over seeds of each seed's greedy return at the last evaluation step, ± the standard error
-over seeds (or the spread over episodes when there is one seed), with GPI and without; then the references.
+over seeds, with GPI and without; then the BFS oracle's and random play's returns (--episodes 0 leaves them out).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class Args:
     run_dir: tyro.conf.Positional[str]
     """a run directory (or a copy of its eval.csv's folder)"""
     episodes: int = 100
-    """episodes per task for the oracle and random references"""
+    """episodes per task for the oracle and random references (0: leave them out)"""
 
 
 def final_returns(eval_csv: Path):
@@ -40,9 +40,13 @@ def final_returns(eval_csv: Path):
 
 
 def mean_se(values):
+    """mean ± standard error over seeds ("-" if there is nothing, the bare mean for one seed)."""
     values = np.asarray(values)
-    se = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else float("nan")
-    return f"{values.mean():.2f} ± {se:.2f}" if len(values) > 1 else f"{values.mean():.2f}"
+    if len(values) == 0:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{values.mean():.2f} ± {values.std(ddof=1) / np.sqrt(len(values)):.2f}"
 
 
 @exit_on_config_error
@@ -51,9 +55,9 @@ def main(args: Args) -> None:
     require(eval_csv.exists(), f"no eval.csv in {args.run_dir}; pass a run directory")
     step, table = final_returns(eval_csv)
     seeds = len(next(iter(table.values())))
-    oracle = {}
-    rand = {}
-    for tasks in (TRAIN_TASKS, TEST_TASKS):
+    oracle = defaultdict(lambda: "(not run)")
+    rand = defaultdict(lambda: "(not run)")
+    for tasks in (TRAIN_TASKS, TEST_TASKS) if args.episodes else ():
         o, ose = bfs_oracle_returns(tasks, args.episodes)
         r, rse = random_policy_returns(tasks, args.episodes)
         for w, a, b, c, d in zip(tasks, o, ose, r, rse):

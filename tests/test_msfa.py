@@ -246,3 +246,13 @@ def test_bad_arguments_stop_with_one_line(overrides, message, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_results_summary_reads_a_run(runs, capsys):
+    from results import summarize
+
+    summarize.main(summarize.Args(run_dir=str(runs[0]), episodes=0))
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if line.startswith("| train") or line.startswith("| test")]
+    assert len(rows) == 12 and "step 128" in lines[0] and "2 seed(s)" in lines[0]
+    assert all(row.count("±") == 2 for row in rows)  # GPI and no-GPI, each a mean ± s.e. over the 2 seeds
