@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
+from minigrid.minigrid_env import MiniGridEnv
 
 from common.errors import ConfigError, require
 
@@ -498,13 +499,7 @@ def _print_reference_table(episodes: int = 100, seed: int = 0) -> None:
 
 
 # -------------------------------------------------------------------------------------------------- minigrid twin
-def _make_twin_base():
-    from minigrid.minigrid_env import MiniGridEnv
-
-    return MiniGridEnv
-
-
-class GotoAvoidMiniGrid(_make_twin_base()):
+class GotoAvoidMiniGrid(MiniGridEnv):
     """GotoAvoid as a minigrid environment: the reference the JAX env is tested against, usable on its own.
 
     Observations are dicts {"image", "w"} (RGB from minigrid's POV render, or `gen_obs()["image"]`), `info["phi"]`
