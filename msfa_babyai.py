@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import math
 import os
 import subprocess
 import sys
@@ -38,8 +37,8 @@ import numpy as np
 import optax
 import tyro
 
-from common.babyai import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, GotoAvoid, format_task, make_params
-from common.errors import ConfigError, exit_on_config_error, require
+from common.babyai import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, EnvParams, GotoAvoid, format_task, make_params
+from common.errors import exit_on_config_error, require
 from common.farm import FARM
 from common.gpi import gpi_values
 from common.networks import MLP, DQNTorso, count_params
@@ -511,7 +510,7 @@ def make_evaluate(setup: Setup, args: Args):
 
     def episode_return(params, key, w, use_gpi):
         net = eqx.combine(params, setup.static)
-        env_params = make_params(np.zeros(4)).replace(tasks=w[None])
+        env_params = EnvParams(tasks=w[None])
         key_reset, key_run = jax.random.split(key)
         obs, env_state = env.reset(key_reset, env_params)
         carry0 = (env_state, obs, jnp.zeros((), jnp.int32), jnp.zeros(()), net.initial_state())

@@ -30,7 +30,7 @@ from flax import struct
 from gymnax.environments import environment, spaces
 from minigrid.minigrid_env import MiniGridEnv
 
-from common.errors import ConfigError, require
+from common.errors import require
 
 ROOM_SIZE = 10
 NUM_CATEGORIES = 4
@@ -435,7 +435,7 @@ def bfs_oracle_action(state: EnvState) -> jax.Array:
     dist = jax.lax.fori_loop(0, far, relax, dist0)
     pos, d = state.agent_pos, state.agent_dir
     cell = lambda p: (p[0], p[1])  # noqa: E731
-    ahead, left, right = pos + vec[d], pos + vec[(d + 3) % 4], pos + vec[(d + 1) % 4]
+    ahead, left = pos + vec[d], pos + vec[(d + 3) % 4]
     here = dist[cell(pos)]
     neighbour_dist = jnp.stack([dist[cell(pos + vec[k])] for k in range(4)])
     step_dir = jnp.argmin(neighbour_dist)

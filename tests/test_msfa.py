@@ -2,7 +2,6 @@
 runs (determinism, seeds, resume)."""
 
 import csv
-import dataclasses
 from pathlib import Path
 
 import equinox as eqx
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 
 import msfa_babyai as msfa
-from common.babyai import GotoAvoid, TRAIN_TASKS
+from common.babyai import GotoAvoid
 from common.gpi import gpi_action, gpi_values
 
 TINY = dict(num_envs=4, sequence_period=8, sequence_length=9, num_modules=2, module_size=16, attention_heads=1,
