@@ -1,11 +1,11 @@
-"""MSFA learner speed at the paper's BabyAI settings, in one run on one machine.
+"""Learner speed at the paper's BabyAI settings (MSFA by default; --method picks a baseline), in one run on one machine.
 
 Prints: the time of one SGD step (8 sequences of 41 steps: online and target unrolls, the three losses, gradient,
 Adam), its FLOPs from XLA's cost analysis, the achieved GFLOP/s, the machine's plain jitted-matmul GFLOP/s measured
-in the same run, and the end-to-end env steps/s of msfa_babyai.py's training chunk (acting + replay + SGD at the
-default replay ratio) for 1 and 4 vmapped seeds. Medians of --repeats.
+in the same run, and the end-to-end env steps/s of the training chunk (acting + replay + SGD at the default replay
+ratio) for 1 and 4 vmapped seeds. Medians of --repeats.
 
-    python -m benchmarks.learner
+    python -m benchmarks.learner [--method usfa-learned]
 """
 
 from __future__ import annotations
@@ -19,12 +19,32 @@ import jax.numpy as jnp
 import numpy as np
 import tyro
 
-import msfa_babyai as msfa
+import msfa_babyai
+import usfa
+import uvfa
+from common import r2d2
 from common.errors import exit_on_config_error, require
+
+METHODS = {
+    "msfa": lambda: msfa_babyai.Args(),
+    "usfa": lambda: usfa.Args(),
+    "usfa-learned": lambda: usfa.Args(learned_cumulants=True),
+    "uvfa": lambda: uvfa.Args(),
+    "uvfa-farm": lambda: uvfa.Args(farm=True),
+    "mvfa": lambda: uvfa.Args(modular=True),
+}
+
+
+def method_and_args(name: str):
+    args = METHODS[name]()
+    script = msfa_babyai if name == "msfa" else usfa if name.startswith("usfa") else uvfa
+    return script.make_method(args), args
 
 
 @dataclass
 class Args:
+    method: str = "msfa"
+    """msfa, usfa, usfa-learned, uvfa, uvfa-farm or mvfa"""
     repeats: int = 5
     seeds: tuple[int, ...] = (1, 4)
     """numbers of vmapped seeds for the end-to-end figure"""
@@ -49,10 +69,10 @@ def flops_of(jitted, *args) -> float:
     return float(cost["flops"])
 
 
-def random_batch(args: msfa.Args, key) -> msfa.Sequence:
+def random_batch(setup: r2d2.Setup, args, key) -> r2d2.Sequence:
     b, t = args.batch_size, args.sequence_length
     k = jax.random.split(key, 4)
-    steps = msfa.Step(
+    steps = r2d2.Step(
         obs=jax.random.randint(k[0], (b, t, 5, 5, 3), 0, 7).astype(jnp.uint8),
         w=jnp.broadcast_to(jnp.eye(4)[0], (b, t, 4)),
         prev_action=jax.random.randint(k[1], (b, t), 0, 4),
@@ -60,19 +80,21 @@ def random_batch(args: msfa.Args, key) -> msfa.Sequence:
         first=jnp.zeros((b, t), bool).at[:, 0].set(True),
         action=jax.random.randint(k[2], (b, t), 0, 4),
         reward=jax.random.normal(k[3], (b, t)),
+        phi=jnp.zeros((b, t, 4)),
     )
-    zeros = jnp.zeros((b, args.num_modules, args.module_size))
-    return msfa.Sequence(steps=steps, state=(zeros, zeros))
+    initial = setup.method.make_network(args, jax.random.PRNGKey(0)).core.initial_state()
+    return r2d2.Sequence(steps=steps, state=jax.tree.map(lambda x: jnp.broadcast_to(x, (b,) + x.shape), initial))
 
 
 @exit_on_config_error
 def main(bench: Args) -> None:
     require(bench.repeats > 0 and bench.chunk_iterations > 0, "repeats and chunk-iterations must be positive")
     require(all(s > 0 for s in bench.seeds), f"seeds must be positive, got {bench.seeds}")
-    args = msfa.Args()
-    setup = msfa.make_setup(args)
-    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; median of {bench.repeats}; paper settings: "
-          f"batch {args.batch_size} x {args.sequence_length} steps, {args.num_modules} modules x {args.module_size}")
+    require(bench.method in METHODS, f"--method must be one of {', '.join(METHODS)}, got {bench.method!r}")
+    method, args = method_and_args(bench.method)
+    setup = r2d2.make_setup(method, args)
+    print(f"{method.name}: jax {jax.__version__} on {jax.devices()[0].device_kind}; median of {bench.repeats}; "
+          f"paper settings: batch {args.batch_size} x {args.sequence_length} steps")
 
     n = bench.matmul_size
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n))
@@ -80,14 +102,17 @@ def main(bench: Args) -> None:
     matmul_gflops = 2 * n**3 / median_time(matmul, a, repeats=bench.repeats) / 1e9
     print(f"plain jitted matmul {n}x{n}: {matmul_gflops:.1f} GFLOP/s")
 
-    state = msfa.init_train_state(setup, args, jax.random.PRNGKey(1))
-    batch = random_batch(args, jax.random.PRNGKey(2))
+    state = r2d2.init_train_state(setup, args, jax.random.PRNGKey(1))
+    batch = random_batch(setup, args, jax.random.PRNGKey(2))
     probabilities = jnp.full(args.batch_size, 1e-3)
 
     @jax.jit
     def update(params, opt_state, target_params, batch):
-        grads, (priorities, metrics) = jax.grad(msfa.batch_loss, has_aux=True)(
-            params, target_params, setup.static, setup.env.rgb_from_symbolic, batch, probabilities, args)
+        def loss(params):
+            return method.batch_loss(eqx.combine(params, setup.static), eqx.combine(target_params, setup.static),
+                                     setup.env.rgb_from_symbolic, batch, probabilities, args)
+
+        grads, (priorities, metrics) = jax.grad(loss, has_aux=True)(params)
         updates, opt_state = setup.optimizer.update(grads, opt_state, params)
         return eqx.apply_updates(params, updates), opt_state, priorities
 
@@ -98,13 +123,13 @@ def main(bench: Args) -> None:
           f"{flops / seconds / 1e9:.1f} GFLOP/s = {flops / seconds / 1e9 / matmul_gflops:.0%} of the matmul figure")
     del state, inputs
 
-    per_chunk = bench.chunk_iterations * msfa.steps_per_iteration(args)
-    print(f"end to end ({args.num_envs} envs, {msfa.sgd_steps_per_iteration(args)} SGD steps per "
-          f"{msfa.steps_per_iteration(args)} env steps, replay {args.replay_size:,} sequences):")
-    chunk = msfa.make_train_chunk(setup, args, bench.chunk_iterations)
+    per_chunk = bench.chunk_iterations * r2d2.steps_per_iteration(args)
+    print(f"end to end ({args.num_envs} envs, {r2d2.sgd_steps_per_iteration(args)} SGD steps per "
+          f"{r2d2.steps_per_iteration(args)} env steps, replay {args.replay_size:,} sequences):")
+    chunk = r2d2.make_train_chunk(setup, args, bench.chunk_iterations)
     for num_seeds in bench.seeds:
         keys = jnp.stack([jax.random.PRNGKey(s) for s in range(num_seeds)])
-        state = jax.vmap(lambda k: msfa.init_train_state(setup, args, k))(keys)
+        state = jax.vmap(lambda k: r2d2.init_train_state(setup, args, k))(keys)
         state, _ = chunk(state)  # compile, and fill replay past min_replay_size so every timed chunk learns
         times = []
         for _ in range(bench.repeats):

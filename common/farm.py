@@ -20,7 +20,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from common.networks import LSTMCell, linear
+from common.networks import DQNTorso, LSTMCell, linear
 
 
 def apply_per_module(stacked, xs):
@@ -97,3 +97,23 @@ class FARM(eqx.Module):
 
         # 4. per-module LSTMs
         return eqx.filter_vmap(lambda cell, x, hk, ck: cell(x, (hk, ck)))(self.lstm, jnp.concatenate([u, z], -1), h, c)
+
+
+class FarmCore(eqx.Module):
+    """The MSFA/UVFA-FARM state: DQN torso (its 5x5x16 map, not flattened) read by FARM modules."""
+
+    torso: DQNTorso
+    farm: FARM
+
+    def __init__(self, num_actions: int, num_modules: int, module_size: int, num_heads: int, projection: int, key):
+        k_torso, k_farm = jax.random.split(key)
+        self.torso = DQNTorso(k_torso)
+        self.farm = FARM(num_modules, module_size, num_heads, channels=16, num_pixels=25,
+                         vector_size=num_actions + 1, projection=projection, key=k_farm)
+
+    def initial_state(self):
+        return self.farm.initial_state()
+
+    def recur(self, image_map, vector, state):
+        """One step: (h, c) each [num_modules, module_size]."""
+        return self.farm(image_map, vector, state)

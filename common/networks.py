@@ -114,5 +114,30 @@ class DQNTorso(eqx.Module):
         return self.convs[-1](x)
 
 
+def oar_vector(prev_action, prev_reward, num_actions: int):
+    """[onehot(a_{t-1}); tanh(r_{t-1})]: what every recurrent core sees besides the image."""
+    return jnp.concatenate([jax.nn.one_hot(prev_action, num_actions), jnp.tanh(prev_reward)[None]])
+
+
+class LSTMCore(eqx.Module):
+    """The UVFA/USFA state: DQN torso, flattened, then an LSTM on [onehot(a_prev); tanh(r_prev); torso]."""
+
+    torso: DQNTorso
+    lstm: LSTMCell
+
+    def __init__(self, num_actions: int, hidden_size: int, key):
+        k_torso, k_lstm = jax.random.split(key)
+        self.torso = DQNTorso(k_torso)
+        self.lstm = LSTMCell(num_actions + 1 + 5 * 5 * 16, hidden_size, k_lstm)
+
+    def initial_state(self):
+        zeros = jnp.zeros(self.lstm.hidden_size)
+        return zeros, zeros
+
+    def recur(self, image_map, vector, state):
+        """One step: (h, c) each [hidden_size]."""
+        return self.lstm(jnp.concatenate([vector, image_map.reshape(-1)]), state)
+
+
 def count_params(model) -> int:
     return sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array)))

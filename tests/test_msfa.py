@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import msfa_babyai as msfa
+from common import r2d2
 from common.babyai import GotoAvoid
 from common.gpi import gpi_action, gpi_values
 
@@ -23,7 +24,7 @@ TINY = dict(num_envs=4, sequence_period=8, sequence_length=9, num_modules=2, mod
 def test_n_step_targets_hand_worked():
     rewards = jnp.array([1.0, 2, 3, 4, 5])
     values = jnp.array([10.0, 20, 30, 40, 50, 60])
-    g, valid = msfa.n_step_targets(rewards, values, jnp.ones(5, bool), n=2, gamma=0.5)
+    g, valid = r2d2.n_step_targets(rewards, values, jnp.ones(5, bool), n=2, gamma=0.5)
     # G_t = r_t + .5 r_{t+1} + .25 v_{t+2}; the last transition only has one step left: r_4 + .5 v_5
     np.testing.assert_allclose(g, [1 + 1 + 7.5, 2 + 1.5 + 10, 3 + 2 + 12.5, 4 + 2.5 + 15, 5 + 30])
     assert valid.all()
@@ -33,7 +34,7 @@ def test_n_step_targets_cut_at_an_episode_end():
     rewards = jnp.array([1.0, 2, 3, 4, 5])
     values = jnp.array([10.0, 20, 30, 40, 50, 60])
     continues = jnp.array([True, True, False, True, True])  # step 3 starts a new episode
-    g, valid = msfa.n_step_targets(rewards, values, continues, n=2, gamma=0.5)
+    g, valid = r2d2.n_step_targets(rewards, values, continues, n=2, gamma=0.5)
     assert valid.tolist() == [True, True, False, True, True]  # transition 2 -> 3 crosses the time limit: masked
     np.testing.assert_allclose(np.asarray(g)[[0, 1, 3, 4]], [1 + 1 + 7.5, 2 + 0.5 * 30, 4 + 2.5 + 15, 5 + 30])
 
@@ -41,7 +42,7 @@ def test_n_step_targets_cut_at_an_episode_end():
 def test_n_step_targets_of_vector_cumulants_are_per_dimension():
     rewards = jnp.array([[1.0, 0], [0, 1], [1, 1]])
     values = jnp.array([[0.0, 0], [0, 0], [0, 0], [8, 4]])
-    g, valid = msfa.n_step_targets(rewards, values, jnp.ones(3, bool), n=5, gamma=0.5)
+    g, valid = r2d2.n_step_targets(rewards, values, jnp.ones(3, bool), n=5, gamma=0.5)
     # t=0: (1,0) + .5 (0,1) + .25 (1,1) + .125 (8,4); t=2: (1,1) + .5 (8,4)
     np.testing.assert_allclose(g, [[1.25 + 1, 0.75 + 0.5], [0.5 + 2, 1.5 + 1], [5, 3]])
 
@@ -49,17 +50,17 @@ def test_n_step_targets_of_vector_cumulants_are_per_dimension():
 def test_double_q_bootstrap_uses_online_argmax_and_target_values():
     q_online = jnp.array([[1.0, 3, 2], [5, 4, 0]])
     q_target = jnp.array([[10.0, 20, 30], [40, 50, 60]])
-    np.testing.assert_allclose(msfa.double_q_bootstrap(q_online, q_target), [20, 40])
+    np.testing.assert_allclose(r2d2.double_q_bootstrap(q_online, q_target), [20, 40])
     psi_target = jnp.arange(12.0).reshape(2, 3, 2)
-    np.testing.assert_allclose(msfa.double_q_bootstrap(q_online, psi_target), [[2, 3], [6, 7]])
+    np.testing.assert_allclose(r2d2.double_q_bootstrap(q_online, psi_target), [[2, 3], [6, 7]])
 
 
 def test_priority_mixes_max_and_mean_of_valid_errors():
     delta = jnp.array([1.0, -3, 2, 100])
     valid = jnp.array([True, True, True, False])
     # 0.9 * 3 + 0.1 * (1 + 3 + 2) / 3
-    np.testing.assert_allclose(msfa.sequence_priority(delta, valid, 0.9), 2.7 + 0.2, rtol=1e-5)
-    np.testing.assert_allclose(msfa.masked_mean(delta, valid), 0.0, atol=1e-4)
+    np.testing.assert_allclose(r2d2.sequence_priority(delta, valid, 0.9), 2.7 + 0.2, rtol=1e-5)
+    np.testing.assert_allclose(r2d2.masked_mean(delta, valid), 0.0, atol=1e-4)
 
 
 # -------------------------------------------------------------------------------------------------------------- GPI
@@ -103,9 +104,9 @@ def test_modules_own_their_psi_and_phi(paper_net):
 
 
 def test_shapes(paper_net):
-    state = paper_net.initial_state()
+    state = paper_net.core.initial_state()
     image = jnp.zeros((40, 40, 3), jnp.uint8)
-    h, c = paper_net.core(image, jnp.array(2), jnp.array(0.5), state)
+    h, c = r2d2.core_step(paper_net.core, image, jnp.array(2), jnp.array(0.5), state)
     assert h.shape == c.shape == (4, 150)
     assert paper_net.psi(h, jnp.ones(4)).shape == (4, 4)
     assert paper_net.phi(h, h).shape == (4,)
@@ -119,7 +120,7 @@ def make_sequence(key, args, episode_end=None):
     first = jnp.zeros(t, bool)
     if episode_end is not None:
         first = first.at[episode_end + 1].set(True)
-    steps = msfa.Step(
+    steps = r2d2.Step(
         obs=jax.random.randint(k[0], (t, 5, 5, 3), 0, 7).astype(jnp.uint8),
         w=jnp.broadcast_to(jnp.array([1.0, -1, 0.5, 0]), (t, 4)),
         prev_action=jax.random.randint(k[1], (t,), 0, 4),
@@ -127,10 +128,11 @@ def make_sequence(key, args, episode_end=None):
         first=first,
         action=jax.random.randint(k[3], (t,), 0, 4),
         reward=jax.random.normal(k[4], (t,)),
+        phi=jnp.zeros((t, 4)),
     )
     net = msfa.MSFANetwork(args, 4, jax.random.PRNGKey(0))
-    state = jax.tree.map(lambda x: x + 0.1, net.initial_state())
-    return msfa.Sequence(steps=steps, state=state)
+    state = jax.tree.map(lambda x: x + 0.1, net.core.initial_state())
+    return r2d2.Sequence(steps=steps, state=state)
 
 
 def test_data_after_an_episode_end_changes_neither_loss_nor_gradient():
@@ -139,7 +141,7 @@ def test_data_after_an_episode_end_changes_neither_loss_nor_gradient():
     seq = make_sequence(jax.random.PRNGKey(3), args, episode_end=e)
     other = make_sequence(jax.random.PRNGKey(4), args, episode_end=e)
     after = jnp.arange(args.sequence_length) > e
-    changed = msfa.Sequence(
+    changed = r2d2.Sequence(
         steps=jax.tree.map(lambda a, b: jnp.where(after.reshape((-1,) + (1,) * (a.ndim - 1)), b, a), seq.steps,
                            other.steps),
         state=seq.state)
@@ -169,10 +171,10 @@ def test_recurrent_state_is_reset_at_episode_starts():
     seq = make_sequence(jax.random.PRNGKey(7), args, episode_end=3)
     net = msfa.MSFANetwork(args, 4, jax.random.PRNGKey(8))
     render = GotoAvoid().rgb_from_symbolic
-    h = msfa.unroll(net, render, seq)
+    h = r2d2.unroll(net.core, render, seq)
     # the new episode from step 4 on sees nothing of the stored state or of steps 0..3
-    fresh = msfa.Sequence(steps=jax.tree.map(lambda x: x[4:], seq.steps), state=net.initial_state())
-    np.testing.assert_allclose(h[4:], msfa.unroll(net, render, fresh), atol=1e-6)
+    fresh = r2d2.Sequence(steps=jax.tree.map(lambda x: x[4:], seq.steps), state=net.core.initial_state())
+    np.testing.assert_allclose(h[4:], r2d2.unroll(net.core, render, fresh), atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------- end to end runs
@@ -194,6 +196,9 @@ def runs(tmp_path_factory):
     full = run(tmp, "full", num_seeds=2)
     half = run(tmp, "half", num_seeds=2, total_timesteps=64)
     half_metrics, half_eval = read(half / "metrics.csv"), read(half / "eval.csv")
+    for name in ("metrics.csv", "eval.csv"):  # as if the run had logged past its checkpoint, then crashed
+        with (half / name).open("a") as f:
+            f.write("96,1" + ",0" * (len(read(half / name, drop=())[0]) - 2) + "\n")
     msfa.main(msfa.Args(**(TINY | dict(run_dir=str(half), total_timesteps=128, log_every=64, eval_every=64,
                                        num_seeds=2, resume=True))))
     return full, half, half_metrics, half_eval
@@ -218,10 +223,8 @@ def test_same_seed_gives_identical_results_and_seeds_differ(runs):
     full, _, half_metrics, half_eval = runs
     metrics, evals = read(full / "metrics.csv"), read(full / "eval.csv")
     assert half_metrics == metrics[:2] and half_eval == evals[:48]
-    seed1 = [r for r in evals if r["seed"] == "1"]
-    seed2 = [r for r in evals if r["seed"] == "2"]
-    assert [r["return_mean"] for r in seed1] != [r["return_mean"] for r in seed2]
-    assert metrics[2]["loss"] != metrics[3]["loss"]
+    # the seeds' runs differ (a tiny run's greedy evaluation returns are often all 0, so compare training)
+    assert metrics[2]["loss"] != metrics[3]["loss"] and metrics[2]["q_mean"] != metrics[3]["q_mean"]
 
 
 def test_resume_continues_the_run(runs):
