@@ -129,12 +129,12 @@ class MSFANetwork(eqx.Module):
         return jax.vmap(self.phi_mlp)(pairs).reshape(self.task_dim)
 
 
-def q_values(net: MSFANetwork, h, w):
+def q_values(net, h, w):
     """Q(s, a; w) = psi(s, a, w) . w: acting on the training task."""
     return net.psi(h, w) @ w
 
 
-def gpi_q_values(net: MSFANetwork, h, w, policies):
+def gpi_q_values(net, h, w, policies):
     """GPI: max_z psi(s, a, z) . w over the policies z (the train tasks)."""
     return gpi_values(jax.vmap(net.psi, (None, 0))(h, policies), w)
 
@@ -142,33 +142,44 @@ def gpi_q_values(net: MSFANetwork, h, w, policies):
 # =====================================================================================================================
 # Losses
 # =====================================================================================================================
+def successor_features(net, target_net, render, seq: Sequence):
+    """States h [T, ...] along a sequence, and the online and (stop-gradient) target psi [T, A, C] of z = w."""
+    h = unroll(net.core, render, seq)
+    h_target = jax.lax.stop_gradient(unroll(target_net.core, render, seq))
+    return h, jax.vmap(net.psi)(h, seq.steps.w), jax.vmap(target_net.psi)(h_target, seq.steps.w)
+
+
+def sf_td_error(psi, psi_target, cumulants, seq: Sequence, args):
+    """n-step double-Q SF TD errors [T-1, C], one TD problem per cumulant dimension with cumulants[t] the
+    pseudo-reward of transition t; the online psi . w picks the bootstrap action. Returns (errors, valid)."""
+    s = seq.steps
+    q = jnp.einsum("tac,tc->ta", psi, s.w)
+    targets, valid = n_step_targets(cumulants, double_q_bootstrap(q, psi_target), ~s.first[1:], args.n_step,
+                                    args.gamma)
+    return jax.lax.stop_gradient(targets) - psi[jnp.arange(q.shape[0] - 1), s.action[:-1]], valid
+
+
 def sequence_loss(net: MSFANetwork, target_net: MSFANetwork, render, seq: Sequence, args: Args, step_mask=None):
     """The three MSFA losses of one sequence, and the TD errors that set its priority.
 
     step_mask [T-1] (optional) keeps only some transitions: the masking test uses it to look at one episode."""
     s = seq.steps
-    h = unroll(net.core, render, seq)
-    h_target = jax.lax.stop_gradient(unroll(target_net.core, render, seq))
-    psi = jax.vmap(net.psi)(h, s.w)  # [T, A, C]
-    psi_target = jax.vmap(target_net.psi)(h_target, s.w)
+    h, psi, psi_target = successor_features(net, target_net, render, seq)  # psi [T, A, C]
     q = jnp.einsum("tac,tc->ta", psi, s.w)
     q_target = jnp.einsum("tac,tc->ta", psi_target, s.w)
     phi = jax.vmap(net.phi)(h[1:], h[:-1])  # [T-1, C]: cumulant of transition t
-    continues = ~s.first[1:]  # transition t stays in one episode
     steps, taken = jnp.arange(q.shape[0] - 1), s.action[:-1]
 
     # n-step double Q-learning on Q = psi . w
-    q_targets, valid = n_step_targets(s.reward[:-1], double_q_bootstrap(q, q_target), continues, args.n_step,
+    q_targets, valid = n_step_targets(s.reward[:-1], double_q_bootstrap(q, q_target), ~s.first[1:], args.n_step,
                                       args.gamma)
     if step_mask is not None:
         valid = valid & step_mask
     delta_q = jax.lax.stop_gradient(q_targets) - q[steps, taken]
     loss_q = masked_mean(0.5 * delta_q**2, valid)
 
-    # n-step SF learning with the (stop-gradient) learned cumulants as pseudo-rewards, one TD problem per dimension
-    psi_targets, _ = n_step_targets(jax.lax.stop_gradient(phi), double_q_bootstrap(q, psi_target), continues,
-                                    args.n_step, args.gamma)
-    delta_psi = jax.lax.stop_gradient(psi_targets) - psi[steps, taken]  # [T-1, C]
+    # n-step SF learning with the (stop-gradient) learned cumulants as pseudo-rewards
+    delta_psi, _ = sf_td_error(psi, psi_target, jax.lax.stop_gradient(phi), seq, args)  # [T-1, C]
     loss_psi = masked_mean(jnp.mean(0.5 * delta_psi**2, axis=-1), valid)
 
     # cumulants regressed so that phi . w predicts the reward

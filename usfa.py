@@ -10,6 +10,8 @@ tasks: argmax_a max_z psi(s, a, z) . w_test.
 - `--learned-cumulants` (USFA with learned phi): phi_t = MLP([h_{t+1}; h_t]) and exactly MSFA's three losses
   (Q-learning on psi . w, SF learning on the stop-gradient phi, phi . w regressed on r), imported from
   msfa_babyai.py so that the comparison with MSFA differs only in the state and heads.
+Both variants use MSFA's Q and GPI heads (Q = psi . w) and its successor-feature TD error, imported from
+msfa_babyai.py.
 
 The replay and training machinery is common/r2d2.py, shared by every learner here.
 
@@ -29,10 +31,9 @@ import tyro
 import msfa_babyai
 from common.babyai import NUM_ACTIONS, TRAIN_TASKS
 from common.errors import exit_on_config_error, require
-from common.gpi import gpi_values
 from common.networks import MLP, LSTMCore
-from common.r2d2 import (Method, R2D2Args, Sequence, check_env, check_r2d2_args, double_q_bootstrap,
-                         importance_weights, masked_mean, n_step_targets, sequence_priority, train, unroll)
+from common.r2d2 import (Method, R2D2Args, Sequence, check_env, check_r2d2_args, importance_weights, masked_mean,
+                         sequence_priority, train)
 
 
 # =====================================================================================================================
@@ -92,16 +93,6 @@ class USFANetwork(eqx.Module):
         return self.phi_mlp(jnp.concatenate([h_next, h]))
 
 
-def q_values(net: USFANetwork, h, w):
-    """Q(s, a; w) = psi(s, a, w) . w: acting on the training task."""
-    return net.psi(h, w) @ w
-
-
-def gpi_q_values(net: USFANetwork, h, w, policies):
-    """GPI: max_z psi(s, a, z) . w over the policies z (the train tasks)."""
-    return gpi_values(jax.vmap(net.psi, (None, 0))(h, policies), w)
-
-
 # =====================================================================================================================
 # Loss with hand-designed cumulants: n-step SF learning only
 # =====================================================================================================================
@@ -110,18 +101,12 @@ def oracle_sequence_loss(net: USFANetwork, target_net: USFANetwork, render, seq:
     """n-step double-Q SF learning with the env's cumulants, one TD problem per dimension; and the priority.
 
     The pseudo-reward of transition t is steps.phi[t], the cumulant of the same transition as steps.reward[t]."""
-    s = seq.steps
-    h = unroll(net.core, render, seq)
-    h_target = jax.lax.stop_gradient(unroll(target_net.core, render, seq))
-    psi = jax.vmap(net.psi)(h, s.w)  # [T, A, C]
-    psi_target = jax.vmap(target_net.psi)(h_target, s.w)
-    q = jnp.einsum("tac,tc->ta", psi, s.w)  # picks the bootstrap action a* = argmax_a psi(s, a, w) . w
-    steps, taken = jnp.arange(q.shape[0] - 1), s.action[:-1]
-    psi_targets, valid = n_step_targets(s.phi[:-1], double_q_bootstrap(q, psi_target), ~s.first[1:], args.n_step,
-                                        args.gamma)
+    _, psi, psi_target = msfa_babyai.successor_features(net, target_net, render, seq)
+    delta_psi, valid = msfa_babyai.sf_td_error(psi, psi_target, seq.steps.phi[:-1], seq, args)  # [T-1, C]
     if step_mask is not None:
         valid = valid & step_mask
-    delta_psi = jax.lax.stop_gradient(psi_targets) - psi[steps, taken]  # [T-1, C]
+    steps, taken = jnp.arange(delta_psi.shape[0]), seq.steps.action[:-1]
+    q = jnp.einsum("tac,tc->ta", psi, seq.steps.w)
     return {"loss_psi": masked_mean(jnp.mean(0.5 * delta_psi**2, axis=-1), valid),
             "q_mean": masked_mean(q[steps, taken], valid),
             "priority": sequence_priority(jnp.mean(delta_psi, -1), valid, args.max_priority_weight)}
@@ -140,13 +125,12 @@ def oracle_batch_loss(net: USFANetwork, target_net: USFANetwork, render, batch: 
 # =====================================================================================================================
 def make_method(args: Args) -> Method:
     make_network = lambda a, key: USFANetwork(a, TRAIN_TASKS.shape[1], key)  # noqa: E731
+    heads = dict(make_network=make_network, q_values=msfa_babyai.q_values, gpi_q_values=msfa_babyai.gpi_q_values)
     if args.learned_cumulants:
-        return Method(name="USFA (learned cumulants)", make_network=make_network, q_values=q_values,
-                      gpi_q_values=gpi_q_values, batch_loss=msfa_babyai.batch_loss,
-                      loss_names=("loss_q", "loss_psi", "loss_phi"), paper_params="2.35M")
-    return Method(name="USFA", make_network=make_network, q_values=q_values, gpi_q_values=gpi_q_values,
-                  batch_loss=oracle_batch_loss, loss_names=("loss_psi",),
-                  paper_params="not reported; its table's 2.35M is USFA with learned cumulants")
+        return Method(name="USFA (learned cumulants)", batch_loss=msfa_babyai.batch_loss,
+                      loss_names=("loss_q", "loss_psi", "loss_phi"), paper_params="2.35M", **heads)
+    return Method(name="USFA", batch_loss=oracle_batch_loss, loss_names=("loss_psi",),
+                  paper_params="not reported; its table's 2.35M is USFA with learned cumulants", **heads)
 
 
 @exit_on_config_error

@@ -126,10 +126,6 @@ class UVFANetwork(eqx.Module):
         return self.head(jnp.concatenate([h.reshape(-1), w]))
 
 
-def q_values(net: UVFANetwork, h, w):
-    return net.q(h, w)
-
-
 # =====================================================================================================================
 # Loss: n-step double Q-learning
 # =====================================================================================================================
@@ -166,7 +162,7 @@ PAPER_PARAMS = {"UVFA": "2.09M", "UVFA-FARM": "2.17M", "MVFA": "not reported; UV
 def make_method(args: Args) -> Method:
     name = method_name(args)
     return Method(name=name, make_network=lambda a, key: UVFANetwork(a, TRAIN_TASKS.shape[1], key),
-                  q_values=q_values, gpi_q_values=None, batch_loss=batch_loss, loss_names=(),
+                  q_values=UVFANetwork.q, gpi_q_values=None, batch_loss=batch_loss, loss_names=(),
                   paper_params=PAPER_PARAMS[name])
 
 

@@ -25,19 +25,19 @@ import uvfa
 from common import r2d2
 from common.errors import exit_on_config_error, require
 
-METHODS = {
-    "msfa": lambda: msfa_babyai.Args(),
-    "usfa": lambda: usfa.Args(),
-    "usfa-learned": lambda: usfa.Args(learned_cumulants=True),
-    "uvfa": lambda: uvfa.Args(),
-    "uvfa-farm": lambda: uvfa.Args(farm=True),
-    "mvfa": lambda: uvfa.Args(modular=True),
+METHODS = {  # name: (script, its non-default flags)
+    "msfa": (msfa_babyai, {}),
+    "usfa": (usfa, {}),
+    "usfa-learned": (usfa, {"learned_cumulants": True}),
+    "uvfa": (uvfa, {}),
+    "uvfa-farm": (uvfa, {"farm": True}),
+    "mvfa": (uvfa, {"modular": True}),
 }
 
 
 def method_and_args(name: str):
-    args = METHODS[name]()
-    script = msfa_babyai if name == "msfa" else usfa if name.startswith("usfa") else uvfa
+    script, flags = METHODS[name]
+    args = script.Args(**flags)
     return script.make_method(args), args
 
 

@@ -20,7 +20,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from common.networks import DQNTorso, LSTMCell, linear
+from common.networks import TORSO_MAP_SHAPE, DQNTorso, LSTMCell, linear
 
 
 def apply_per_module(stacked, xs):
@@ -108,7 +108,8 @@ class FarmCore(eqx.Module):
     def __init__(self, num_actions: int, num_modules: int, module_size: int, num_heads: int, projection: int, key):
         k_torso, k_farm = jax.random.split(key)
         self.torso = DQNTorso(k_torso)
-        self.farm = FARM(num_modules, module_size, num_heads, channels=16, num_pixels=25,
+        height, width, channels = TORSO_MAP_SHAPE
+        self.farm = FARM(num_modules, module_size, num_heads, channels=channels, num_pixels=height * width,
                          vector_size=num_actions + 1, projection=projection, key=k_farm)
 
     def initial_state(self):

@@ -95,6 +95,10 @@ class LSTMCell(eqx.Module):
         return h, c
 
 
+TORSO_MAP_SHAPE = (5, 5, 16)
+"""the DQN torso's output on the 40x40 RGB view: one 16-channel cell per visible grid tile"""
+
+
 class DQNTorso(eqx.Module):
     """The original's "atari" torso: conv 32x8x8/4, 64x4x4/2, 64x3x3/1 (ReLU), 16x1x1; on 40x40 RGB it keeps one
     5x5 cell per grid tile. Input uint8 [H, W, 3]; output float [H/8, W/8, 16]."""
@@ -128,7 +132,7 @@ class LSTMCore(eqx.Module):
     def __init__(self, num_actions: int, hidden_size: int, key):
         k_torso, k_lstm = jax.random.split(key)
         self.torso = DQNTorso(k_torso)
-        self.lstm = LSTMCell(num_actions + 1 + 5 * 5 * 16, hidden_size, k_lstm)
+        self.lstm = LSTMCell(num_actions + 1 + math.prod(TORSO_MAP_SHAPE), hidden_size, k_lstm)
 
     def initial_state(self):
         zeros = jnp.zeros(self.lstm.hidden_size)

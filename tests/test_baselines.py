@@ -18,6 +18,7 @@ import uvfa
 from common import r2d2
 from common.babyai import TEST_TASKS, GotoAvoid, format_task
 from common.networks import count_params
+from helpers import random_sequence
 
 RUN = dict(num_envs=4, sequence_period=8, sequence_length=9, replay_size=64, min_replay_size=8, batch_size=4,
            samples_per_insert=2.0, target_update_period=3, eval_episodes=2)
@@ -61,21 +62,6 @@ def zero_psi(net):
     last = net.psi_mlp.layers[-1]
     return eqx.tree_at(lambda n: (n.psi_mlp.layers[-1].weight, n.psi_mlp.layers[-1].bias), net,
                        (jnp.zeros_like(last.weight), jnp.zeros_like(last.bias)))
-
-
-def random_sequence(key, length: int, core_state):
-    k = jax.random.split(key, 4)
-    steps = r2d2.Step(
-        obs=jax.random.randint(k[0], (length, 5, 5, 3), 0, 7).astype(jnp.uint8),
-        w=jnp.broadcast_to(jnp.array([1.0, -1, 0.5, 0]), (length, 4)),
-        prev_action=jax.random.randint(k[1], (length,), 0, 4),
-        prev_reward=jnp.zeros(length),
-        first=jnp.zeros(length, bool),
-        action=jax.random.randint(k[2], (length,), 0, 4),
-        reward=jax.random.normal(k[3], (length,)),  # must not matter to USFA with oracle cumulants
-        phi=jnp.zeros((length, 4)),
-    )
-    return r2d2.Sequence(steps=steps, state=core_state)
 
 
 def test_oracle_sf_loss_uses_the_cumulant_of_each_transition_hand_worked():

@@ -14,6 +14,7 @@ import msfa_babyai as msfa
 from common import r2d2
 from common.babyai import GotoAvoid
 from common.gpi import gpi_action, gpi_values
+from helpers import random_sequence
 
 TINY = dict(num_envs=4, sequence_period=8, sequence_length=9, num_modules=2, module_size=16, attention_heads=1,
             psi_hidden=(8,), phi_hidden=(8,), replay_size=64, min_replay_size=8, batch_size=4,
@@ -114,25 +115,10 @@ def test_shapes(paper_net):
 
 # -------------------------------------------------------------------------------------------------------- masking
 def make_sequence(key, args, episode_end=None):
-    """A random sequence of T steps; if episode_end = e, step e + 1 starts a new episode."""
-    t = args.sequence_length
-    k = jax.random.split(key, 5)
-    first = jnp.zeros(t, bool)
-    if episode_end is not None:
-        first = first.at[episode_end + 1].set(True)
-    steps = r2d2.Step(
-        obs=jax.random.randint(k[0], (t, 5, 5, 3), 0, 7).astype(jnp.uint8),
-        w=jnp.broadcast_to(jnp.array([1.0, -1, 0.5, 0]), (t, 4)),
-        prev_action=jax.random.randint(k[1], (t,), 0, 4),
-        prev_reward=jax.random.normal(k[2], (t,)),
-        first=first,
-        action=jax.random.randint(k[3], (t,), 0, 4),
-        reward=jax.random.normal(k[4], (t,)),
-        phi=jnp.zeros((t, 4)),
-    )
+    """A random sequence of T steps from a nonzero stored state; if episode_end = e, step e + 1 starts an episode."""
     net = msfa.MSFANetwork(args, 4, jax.random.PRNGKey(0))
-    state = jax.tree.map(lambda x: x + 0.1, net.core.initial_state())
-    return r2d2.Sequence(steps=steps, state=state)
+    return random_sequence(key, args.sequence_length, jax.tree.map(lambda x: x + 0.1, net.core.initial_state()),
+                           episode_end)
 
 
 def test_data_after_an_episode_end_changes_neither_loss_nor_gradient():
