@@ -1,4 +1,4 @@
-"""USFA baselines on BabyAI GotoAvoid: Universal Successor Feature Approximators (Borsa et al., 2019).
+"""USFA baselines on BabyAI GotoAvoid: Universal Successor Feature Approximators (Borsa et al., 2019), in one file.
 
 One LSTM state h (no modules). psi(s, a, z) = MLP([h; z]) -> [A, C], Q = psi . w, GPI at test time over the train
 tasks: argmax_a max_z psi(s, a, z) . w_test.
@@ -8,12 +8,13 @@ tasks: argmax_a max_z psi(s, a, z) . w_test.
   t -> t+1 is the phi the env returned with r_t (r_t = phi_t . w); the original used the phi of the transition
   *into* o_t, one step early (protocol.md section 7, pitfall 7): see the README.
 - `--learned-cumulants` (USFA with learned phi): phi_t = MLP([h_{t+1}; h_t]) and exactly MSFA's three losses
-  (Q-learning on psi . w, SF learning on the stop-gradient phi, phi . w regressed on r), imported from
-  msfa_babyai.py so that the comparison with MSFA differs only in the state and heads.
-Both variants use MSFA's Q and GPI heads (Q = psi . w) and its successor-feature TD error, imported from
-msfa_babyai.py.
+  (Q-learning on psi . w, SF learning on the stop-gradient phi, phi . w regressed on r), so that the comparison
+  with MSFA differs only in the state and heads. tests/test_learners.py runs the same hand-worked examples
+  against this file's functions and msfa_babyai.py's, so the two cannot drift apart.
 
-The replay and training machinery is common/r2d2.py, shared by every learner here.
+The file reads top to bottom as the whole algorithm: arguments (the paper's BabyAI settings as defaults), the
+environment, the network and its Q/GPI heads, replay items, the recurrent unroll, n-step targets and the losses,
+acting, the jitted training program, evaluation, and main (see msfa_babyai.py for the shape of the program).
 
     python usfa.py --seed 3                         # USFA, hand-designed cumulants
     python usfa.py --learned-cumulants --seed 3     # USFA with learned cumulants
@@ -21,54 +22,157 @@ The replay and training machinery is common/r2d2.py, shared by every learner her
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from functools import partial
+from typing import NamedTuple
 
 import equinox as eqx
+import flashbax as fbx
 import jax
 import jax.numpy as jnp
+import numpy as np
+import optax
 import tyro
 
-import msfa_babyai
-from common.babyai import NUM_ACTIONS, TRAIN_TASKS
-from common.errors import exit_on_config_error, require
-from common.networks import MLP, LSTMCore
-from common.r2d2 import (Method, R2D2Args, Sequence, check_env, check_r2d2_args, importance_weights, masked_mean,
-                         sequence_priority, train)
+from common.babyai import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, EnvParams, GotoAvoid, format_task, make_params
+from common.gpi import gpi_values
+from common.networks import MLP, LSTMCore, count_params, oar_vector
+from common.run import RunDir, exit_on_config_error, peak_rss_gb, require
 
 
 # =====================================================================================================================
-# Arguments: defaults are the paper's BabyAI settings (protocol.md section 4); run and replay settings in R2D2Args.
+# Arguments: defaults are the paper's BabyAI settings (../shared/reference/protocol.md sections 4-5)
 # =====================================================================================================================
 @dataclass
-class Args(R2D2Args):
+class Args:
     exp_name: str = "usfa"
     """name of the experiment (prefix of the default run directory)"""
+    seed: int = 1
+    """seed of the first run; vmapped runs use seed, seed + 1, ..."""
+    num_seeds: int = 1
+    """independent runs trained side by side in one program (vmapped)"""
+    total_timesteps: int = 5_000_000
+    """env steps per seed (rounded up to whole iterations of num_envs x sequence_period)"""
+    num_envs: int = 32
+    """parallel envs per seed (the original used 3 actor processes)"""
+    run_dir: str | None = None
+    """where config.json, metrics.csv, eval.csv, checkpoint.eqx and TensorBoard files go (default runs/<name>)"""
+    eval_episodes: int = 20
+    """greedy episodes per task and per GPI setting at each evaluation"""
+    eval_every: int = 250_000
+    """env steps (per seed) between evaluations; one more runs at the end"""
+    log_every: int = 2_560
+    """env steps (per seed) between progress lines and metrics rows"""
+    track: bool = False
+    """log to Weights & Biases"""
+    wandb_project_name: str = "msfa-jax"
+    """Weights & Biases project (with --track)"""
+    wandb_entity: str | None = None
+    """Weights & Biases entity (with --track)"""
+    resume: bool = False
+    """continue the run in --run-dir from its checkpoint"""
+    truncate_task_input: bool = False
+    """feed int32(w) to the agent as the original code did ([1,1,.5,.5] became [1,1,0,0]); rewards use float w"""
+
     env: str = "babyai"
     """environment (only babyai so far)"""
     learned_cumulants: bool = False
     """learn phi = MLP([h_{t+1}; h_t]) with MSFA's three losses instead of using the env's cumulants"""
-
-    # network
     lstm_size: int = 512
+    """size of the LSTM state h"""
     psi_hidden: tuple[int, ...] = (128,)
     """hidden sizes of the psi MLP on [h; z]"""
     phi_hidden: tuple[int, ...] = (256, 256)
     """hidden sizes of the phi MLP (--learned-cumulants only)"""
-
-    # losses (q_coeff and phi_coeff only with --learned-cumulants)
     q_coeff: float = 0.5
+    """weight alpha_Q of the Q-learning loss on psi . w (--learned-cumulants only)"""
     sf_coeff: float = 1.0
+    """weight alpha_psi of the successor-feature loss"""
     phi_coeff: float = 1.0
+    """weight alpha_phi of the reward regression phi . w ~ r (--learned-cumulants only)"""
+
+    sequence_length: int = 41
+    """steps per replayed sequence (sequence period + 1)"""
+    sequence_period: int = 40
+    """env steps between the starts of consecutive sequences (consecutive sequences share one step)"""
+    n_step: int = 5
+    """steps of the n-step targets"""
+    gamma: float = 0.99
+    """discount"""
+    replay_size: int = 100_000
+    """replay capacity in sequences"""
+    min_replay_size: int = 100
+    """sequences in replay before learning starts"""
+    samples_per_insert: float = 6.0
+    """sampled sequences per inserted sequence (the replay ratio)"""
+    batch_size: int = 8
+    """sequences per SGD step"""
+    priority_exponent: float = 0.9
+    """replay samples sequences with probability ~ priority^exponent"""
+    importance_exponent: float = 0.0
+    """exponent of the importance weights that correct prioritised sampling (0: no correction)"""
+    max_priority_weight: float = 0.9
+    """priority = w max|delta| + (1 - w) mean|delta| over the sequence"""
+    learning_rate: float = 1e-3
+    """Adam step size"""
+    adam_eps: float = 1e-3
+    """Adam epsilon"""
+    max_grad_norm: float = 80.0
+    """gradients are clipped to this global norm"""
+    target_update_period: int = 2500
+    """SGD steps between copies of the online network into the target network"""
+    epsilon_exponents: tuple[float, float] = (1.0, 8.0)
+    """each env draws epsilon per episode from logspace(a, b, num_epsilons, base=epsilon_base)"""
+    num_epsilons: int = 256
+    """number of epsilons in the actors' set"""
+    epsilon_base: float = 0.4
+    """base of the actors' epsilon logspace"""
 
 
 def check_args(args: Args) -> None:
-    check_r2d2_args(args)
-    check_env(args.env)
-    require(args.lstm_size > 0, f"--lstm-size must be positive, got {args.lstm_size}")
+    """Refuse settings that cannot work, with one line saying what to change."""
+    for name in ("num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every", "n_step",
+                 "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
+                 "lstm_size"):
+        value = getattr(args, name)
+        require(value > 0, f"--{name.replace('_', '-')} must be positive, got {value}")
+    require(args.env in ENVS, f"--env must be one of {', '.join(ENVS)} (Fruitbot and MiniHack are not implemented "
+                              f"yet), got {args.env!r}")
+    require(args.sequence_length == args.sequence_period + 1,
+            f"--sequence-length must be --sequence-period + 1 (sequences share one step), got "
+            f"{args.sequence_length} and {args.sequence_period}")
+    require(args.samples_per_insert > 0, f"--samples-per-insert must be positive, got {args.samples_per_insert}")
+    require(0 < args.gamma <= 1, f"--gamma must be in (0, 1], got {args.gamma}")
+    require(0 <= args.priority_exponent <= 1, f"--priority-exponent must be in [0, 1], got {args.priority_exponent}")
+    require(args.min_replay_size >= args.batch_size,
+            f"--min-replay-size must be at least --batch-size ({args.batch_size}), got {args.min_replay_size}")
+    require(args.replay_size >= args.min_replay_size,
+            f"--replay-size must be at least --min-replay-size, got {args.replay_size} < {args.min_replay_size}")
+    require(args.total_timesteps >= steps_per_iteration(args),
+            f"--total-timesteps must cover at least one iteration ({steps_per_iteration(args)} env steps = "
+            f"--num-envs x --sequence-period), got {args.total_timesteps}")
+
+
+ENVS = ("babyai",)
+
+
+def method_name(args: Args) -> str:
+    return "USFA (learned cumulants)" if args.learned_cumulants else "USFA"
+
+
+def steps_per_iteration(args: Args) -> int:
+    """Env steps per seed per iteration: every env adds one sequence period."""
+    return args.num_envs * args.sequence_period
+
+
+def sgd_steps_per_iteration(args: Args) -> int:
+    """SGD steps after each iteration, so that sampled/inserted sequences ~ samples_per_insert."""
+    return max(1, round(args.samples_per_insert * args.num_envs / args.batch_size))
 
 
 # =====================================================================================================================
-# Network: DQN torso -> LSTM -> psi(s, a, z) = MLP([h; z]) and, with learned cumulants, phi = MLP([h_{t+1}; h_t]).
+# Network: DQN torso -> LSTM -> psi(s, a, z) = MLP([h; z]) and, with learned cumulants, phi = MLP([h_{t+1}; h_t])
 # =====================================================================================================================
 class USFANetwork(eqx.Module):
     core: LSTMCore
@@ -93,16 +197,172 @@ class USFANetwork(eqx.Module):
         return self.phi_mlp(jnp.concatenate([h_next, h]))
 
 
+def q_values(net, h, w):
+    """Q(s, a; w) = psi(s, a, w) . w: acting on the training task, and evaluation without GPI."""
+    return net.psi(h, w) @ w
+
+
+def gpi_q_values(net, h, w, policies):
+    """GPI: max_z psi(s, a, z) . w over the policies z (the train tasks)."""
+    return gpi_values(jax.vmap(net.psi, (None, 0))(h, policies), w)
+
+
 # =====================================================================================================================
-# Loss with hand-designed cumulants: n-step SF learning only
+# Replay items and the recurrent unroll
 # =====================================================================================================================
+class Step(NamedTuple):
+    obs: jax.Array  # uint8 [5, 5, 3], the symbolic view (rendered to RGB by the network's caller)
+    w: jax.Array  # float32 [C], the task as the agent sees it
+    prev_action: jax.Array  # int32
+    prev_reward: jax.Array  # float32
+    first: jax.Array  # bool: obs starts an episode (the recurrent state is reset before it)
+    action: jax.Array  # int32, taken at obs
+    reward: jax.Array  # float32, received for action
+    phi: jax.Array  # float32 [C], the env's cumulant of the same transition: reward = phi . w
+
+
+class Sequence(NamedTuple):
+    """A replay item: sequence_length steps and the recurrent state before the first (R2D2's stored state)."""
+    steps: Step  # each field [T, ...]
+    state: tuple  # (h, c): the recurrent state before steps[0] (reset there if steps.first[0])
+
+
+def reset_where(first, state, initial):
+    """The recurrent state, replaced by the initial one where a new episode starts (first: [] or [E])."""
+    def pick(s, i):
+        return jnp.where(first.reshape(first.shape + (1,) * (s.ndim - first.ndim)), i, s)
+    return jax.tree.map(pick, state, initial)
+
+
+def core_step(core, rgb, prev_action, prev_reward, state):
+    """One step of the recurrent core on one observation."""
+    return core.recur(core.torso(rgb), oar_vector(prev_action, prev_reward, NUM_ACTIONS), state)
+
+
+def unroll(core, render, seq: Sequence):
+    """The states h [T, ...] along a sequence, resetting at episode starts (the torso runs outside the scan)."""
+    maps = jax.vmap(lambda o: core.torso(render(o)))(seq.steps.obs)
+    vectors = jax.vmap(partial(oar_vector, num_actions=NUM_ACTIONS))(seq.steps.prev_action, seq.steps.prev_reward)
+
+    def step(state, x):
+        image_map, vector, first = x
+        state = core.recur(image_map, vector, reset_where(first, state, core.initial_state()))
+        return state, state[0]
+
+    _, h = jax.lax.scan(step, seq.state, (maps, vectors, seq.steps.first))
+    return h
+
+
+# =====================================================================================================================
+# n-step targets, priorities and the losses (learned cumulants: MSFA's three; hand-designed: SF learning only)
+# =====================================================================================================================
+def n_step_targets(rewards, values, continues, n: int, gamma: float):
+    """Truncated n-step targets for the T-1 transitions of a sequence of T steps.
+
+    rewards [T-1, ...]: reward (or cumulant) of transition t (step t -> t+1).
+    values [T, ...]: bootstrap value of each step.
+    continues [T-1]: step t+1 is in the same episode as step t.
+    G_t = sum_{i<m} gamma^i rewards[t+i] + gamma^m values[t+m], with m = min(n, the steps left in t's episode
+    within the sequence). Transition t is valid if m >= 1; the last transition of an episode (its next observation
+    was never seen: the time limit is a truncation) has m = 0 and is masked. Returns (targets, valid).
+    """
+    num = rewards.shape[0]
+    extra = (None,) * (rewards.ndim - 1)
+    pad = lambda x: jnp.concatenate([x, jnp.zeros((n,) + x.shape[1:], x.dtype)])  # noqa: E731
+    rewards_p, continues_p = pad(rewards), pad(continues.astype(bool))
+    t = jnp.arange(num)
+    total = jnp.zeros_like(rewards)
+    discount = jnp.ones(num, rewards.dtype)
+    boot = t
+    alive = jnp.ones(num, bool)
+    for i in range(n):
+        alive = alive & continues_p[t + i]
+        total = total + jnp.where(alive, discount, 0.0)[(...,) + extra] * rewards_p[t + i]
+        discount = jnp.where(alive, discount * gamma, discount)
+        boot = jnp.where(alive, t + i + 1, boot)
+    return total + discount[(...,) + extra] * values[boot], boot > t
+
+
+def double_q_bootstrap(q_online, values_target):
+    """values_target[t, a*_t] with a*_t = argmax_a q_online[t, a]: the online net picks, the target net values.
+
+    q_online [T, A]; values_target [T, A] (Q) or [T, A, C] (successor features)."""
+    best = jnp.argmax(jax.lax.stop_gradient(q_online), axis=-1)
+    return values_target[jnp.arange(q_online.shape[0]), best]
+
+
+def masked_mean(x, mask):
+    """Mean of x over the entries where mask holds (the original's episode_mean)."""
+    return jnp.sum(x * mask) / (jnp.sum(mask) + 1e-5)
+
+
+def sequence_priority(delta, valid, max_weight: float):
+    """R2D2's priority of a sequence: max_weight max_t|delta_t| + (1 - max_weight) mean_t|delta_t| over valid t."""
+    abs_delta = jnp.abs(delta)
+    return max_weight * jnp.max(jnp.where(valid, abs_delta, 0.0)) + (1 - max_weight) * masked_mean(abs_delta, valid)
+
+
+def importance_weights(probabilities, exponent: float):
+    """(1 / P_b)^beta normalised by its batch maximum (beta = 0 in BabyAI: no correction)."""
+    weights = (1.0 / (probabilities + 1e-6)) ** exponent
+    return weights / jnp.max(weights)
+
+
+def successor_features(net, target_net, render, seq: Sequence):
+    """States h [T, ...] along a sequence, and the online and (stop-gradient) target psi [T, A, C] of z = w."""
+    h = unroll(net.core, render, seq)
+    h_target = jax.lax.stop_gradient(unroll(target_net.core, render, seq))
+    return h, jax.vmap(net.psi)(h, seq.steps.w), jax.vmap(target_net.psi)(h_target, seq.steps.w)
+
+
+def sf_td_error(psi, psi_target, cumulants, seq: Sequence, args: Args):
+    """n-step double-Q SF TD errors [T-1, C], one TD problem per cumulant dimension with cumulants[t] the
+    pseudo-reward of transition t; the online psi . w picks the bootstrap action. Returns (errors, valid)."""
+    s = seq.steps
+    q = jnp.einsum("tac,tc->ta", psi, s.w)
+    targets, valid = n_step_targets(cumulants, double_q_bootstrap(q, psi_target), ~s.first[1:], args.n_step,
+                                    args.gamma)
+    return jax.lax.stop_gradient(targets) - psi[jnp.arange(q.shape[0] - 1), s.action[:-1]], valid
+
+
+def sequence_loss(net: USFANetwork, target_net: USFANetwork, render, seq: Sequence, args: Args, step_mask=None):
+    """Learned cumulants: MSFA's three losses of one sequence, and the TD errors that set its priority.
+
+    step_mask [T-1] (optional) keeps only some transitions: the masking test uses it to look at one episode."""
+    s = seq.steps
+    h, psi, psi_target = successor_features(net, target_net, render, seq)  # psi [T, A, C]
+    q = jnp.einsum("tac,tc->ta", psi, s.w)
+    q_target = jnp.einsum("tac,tc->ta", psi_target, s.w)
+    phi = jax.vmap(net.phi)(h[1:], h[:-1])  # [T-1, C]: cumulant of transition t
+    steps, taken = jnp.arange(q.shape[0] - 1), s.action[:-1]
+
+    # n-step double Q-learning on Q = psi . w
+    q_targets, valid = n_step_targets(s.reward[:-1], double_q_bootstrap(q, q_target), ~s.first[1:], args.n_step,
+                                      args.gamma)
+    if step_mask is not None:
+        valid = valid & step_mask
+    delta_q = jax.lax.stop_gradient(q_targets) - q[steps, taken]
+    loss_q = masked_mean(0.5 * delta_q**2, valid)
+
+    # n-step SF learning with the (stop-gradient) learned cumulants as pseudo-rewards
+    delta_psi, _ = sf_td_error(psi, psi_target, jax.lax.stop_gradient(phi), seq, args)  # [T-1, C]
+    loss_psi = masked_mean(jnp.mean(0.5 * delta_psi**2, axis=-1), valid)
+
+    # cumulants regressed so that phi . w predicts the reward
+    phi_error = 0.5 * (jnp.sum(phi * s.w[:-1], -1) - s.reward[:-1]) ** 2
+
+    return {"loss_q": loss_q, "loss_psi": loss_psi, "phi_error_sum": jnp.sum(phi_error * valid),
+            "phi_count": jnp.sum(valid), "q_mean": masked_mean(q[steps, taken], valid),
+            "priority": sequence_priority(jnp.mean(delta_psi, -1), valid, args.max_priority_weight)}
+
+
 def oracle_sequence_loss(net: USFANetwork, target_net: USFANetwork, render, seq: Sequence, args: Args,
                          step_mask=None):
-    """n-step double-Q SF learning with the env's cumulants, one TD problem per dimension; and the priority.
-
-    The pseudo-reward of transition t is steps.phi[t], the cumulant of the same transition as steps.reward[t]."""
-    _, psi, psi_target = msfa_babyai.successor_features(net, target_net, render, seq)
-    delta_psi, valid = msfa_babyai.sf_td_error(psi, psi_target, seq.steps.phi[:-1], seq, args)  # [T-1, C]
+    """Hand-designed cumulants: n-step double-Q SF learning with the env's cumulants, one TD problem per dimension;
+    and the priority. The pseudo-reward of transition t is steps.phi[t], the cumulant of the same transition as
+    steps.reward[t]."""
+    _, psi, psi_target = successor_features(net, target_net, render, seq)
+    delta_psi, valid = sf_td_error(psi, psi_target, seq.steps.phi[:-1], seq, args)  # [T-1, C]
     if step_mask is not None:
         valid = valid & step_mask
     steps, taken = jnp.arange(delta_psi.shape[0]), seq.steps.action[:-1]
@@ -112,31 +372,344 @@ def oracle_sequence_loss(net: USFANetwork, target_net: USFANetwork, render, seq:
             "priority": sequence_priority(jnp.mean(delta_psi, -1), valid, args.max_priority_weight)}
 
 
-def oracle_batch_loss(net: USFANetwork, target_net: USFANetwork, render, batch: Sequence, probabilities, args: Args):
-    """alpha_psi mean_b(IS_b L_psi,b)."""
-    out = jax.vmap(lambda seq: oracle_sequence_loss(net, target_net, render, seq, args))(batch)
-    loss = args.sf_coeff * jnp.mean(importance_weights(probabilities, args.importance_exponent) * out["loss_psi"])
-    metrics = {"loss": loss, "loss_psi": jnp.mean(out["loss_psi"]), "q_mean": jnp.mean(out["q_mean"])}
+def loss_names(args: Args) -> tuple[str, ...]:
+    """What an SGD step reports (metrics.csv columns)."""
+    if args.learned_cumulants:
+        return ("loss", "loss_q", "loss_psi", "loss_phi", "q_mean", "grad_norm")
+    return ("loss", "loss_psi", "q_mean", "grad_norm")
+
+
+def batch_loss(net: USFANetwork, target_net: USFANetwork, render, batch: Sequence, probabilities, args: Args):
+    """Learned cumulants: alpha_psi mean_b(IS_b L_psi,b) + alpha_Q mean_b L_Q,b + alpha_phi (masked mean of the phi
+    error). Hand-designed cumulants: alpha_psi mean_b(IS_b L_psi,b)."""
+    weights = importance_weights(probabilities, args.importance_exponent)
+    if not args.learned_cumulants:
+        out = jax.vmap(lambda seq: oracle_sequence_loss(net, target_net, render, seq, args))(batch)
+        loss = args.sf_coeff * jnp.mean(weights * out["loss_psi"])
+        metrics = {"loss": loss, "loss_psi": jnp.mean(out["loss_psi"]), "q_mean": jnp.mean(out["q_mean"])}
+        return loss, (out["priority"], metrics)
+    out = jax.vmap(lambda seq: sequence_loss(net, target_net, render, seq, args))(batch)
+    loss_phi = jnp.sum(out["phi_error_sum"]) / (jnp.sum(out["phi_count"]) + 1e-5)
+    loss = (args.sf_coeff * jnp.mean(weights * out["loss_psi"]) + args.q_coeff * jnp.mean(out["loss_q"])
+            + args.phi_coeff * loss_phi)
+    metrics = {"loss": loss, "loss_q": jnp.mean(out["loss_q"]), "loss_psi": jnp.mean(out["loss_psi"]),
+               "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"])}
     return loss, (out["priority"], metrics)
 
 
 # =====================================================================================================================
-# Main
+# Training state, acting and one jitted chunk of training
 # =====================================================================================================================
-def make_method(args: Args) -> Method:
-    make_network = lambda a, key: USFANetwork(a, TRAIN_TASKS.shape[1], key)  # noqa: E731
-    heads = dict(make_network=make_network, q_values=msfa_babyai.q_values, gpi_q_values=msfa_babyai.gpi_q_values)
-    if args.learned_cumulants:
-        return Method(name="USFA (learned cumulants)", batch_loss=msfa_babyai.batch_loss,
-                      loss_names=("loss_q", "loss_psi", "loss_phi"), paper_params="2.35M", **heads)
-    return Method(name="USFA", batch_loss=oracle_batch_loss, loss_names=("loss_psi",),
-                  paper_params="not reported; its table's 2.35M is USFA with learned cumulants", **heads)
+class Actor(NamedTuple):
+    """Per-env acting state."""
+    env_state: object
+    obs: object
+    prev_action: jax.Array
+    prev_reward: jax.Array
+    first: jax.Array
+    rnn: tuple
+    epsilon: jax.Array
+    episode_return: jax.Array
+
+
+class TrainState(NamedTuple):
+    params: object
+    target_params: object
+    opt_state: object
+    buffer: object
+    actors: Actor
+    key: jax.Array
+    env_steps: jax.Array
+    sgd_steps: jax.Array
+
+
+class Setup(NamedTuple):
+    """Everything static a run needs, built once from Args."""
+    env: GotoAvoid
+    env_params: object
+    static: object  # the network's non-array parts (eqx.partition)
+    optimizer: optax.GradientTransformation
+    buffer: object  # flashbax prioritised item buffer of Sequences
+    epsilons: jax.Array
+
+
+def make_network(args: Args, key) -> USFANetwork:
+    return USFANetwork(args, TRAIN_TASKS.shape[1], key)
+
+
+def make_setup(args: Args) -> Setup:
+    env = GotoAvoid(obs_mode="symbolic", truncate_task_input=args.truncate_task_input)
+    _, static = eqx.partition(make_network(args, jax.random.PRNGKey(0)), eqx.is_inexact_array)
+    optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm),
+                            optax.adam(args.learning_rate, eps=args.adam_eps))
+    buffer = fbx.make_prioritised_item_buffer(
+        max_length=args.replay_size, min_length=args.min_replay_size, sample_batch_size=args.batch_size,
+        add_batches=True, priority_exponent=args.priority_exponent,
+        device="cpu" if jax.default_backend() == "cpu" else "gpu")
+    lo, hi = args.epsilon_exponents
+    epsilons = jnp.logspace(lo, hi, args.num_epsilons, base=args.epsilon_base)
+    return Setup(env, make_params(TRAIN_TASKS), static, optimizer, buffer, epsilons)
+
+
+def init_train_state(setup: Setup, args: Args, key) -> TrainState:
+    k_net, k_target, k_env, k_eps, k_run = jax.random.split(key, 5)
+    params, _ = eqx.partition(make_network(args, k_net), eqx.is_inexact_array)
+    # as in the original, the target network starts from its own random init until the first copy
+    target_params, _ = eqx.partition(make_network(args, k_target), eqx.is_inexact_array)
+    obs, env_state = jax.vmap(setup.env.reset, (0, None))(jax.random.split(k_env, args.num_envs), setup.env_params)
+    net = eqx.combine(params, setup.static)
+    e = args.num_envs
+    actors = Actor(
+        env_state=env_state, obs=obs, prev_action=jnp.zeros(e, jnp.int32), prev_reward=jnp.zeros(e),
+        first=jnp.ones(e, bool),
+        rnn=jax.tree.map(lambda x: jnp.broadcast_to(x, (e,) + x.shape), net.core.initial_state()),
+        epsilon=jax.random.choice(k_eps, setup.epsilons, (e,)), episode_return=jnp.zeros(e))
+    example = jax.tree.map(lambda x: x[0], make_sequences(
+        jax.tree.map(lambda x: jnp.zeros((args.sequence_period,) + x.shape, x.dtype), current_step(actors)),
+        actors, actors.rnn))
+    state = TrainState(params=params, target_params=target_params, opt_state=setup.optimizer.init(params),
+                       buffer=setup.buffer.init(example), actors=actors, key=k_run,
+                       env_steps=jnp.zeros((), jnp.int32), sgd_steps=jnp.zeros((), jnp.int32))
+    # flashbax leaves a weakly typed scalar; strong types everywhere keep the chunk from compiling twice
+    return jax.tree.map(lambda x: jnp.asarray(x, x.dtype), state)
+
+
+def current_step(actors: Actor) -> Step:
+    """The step every env is at now, before it acts (action and reward are placeholders)."""
+    return Step(obs=actors.obs.image, w=actors.obs.w, prev_action=actors.prev_action, prev_reward=actors.prev_reward,
+                first=actors.first, action=actors.prev_action, reward=actors.prev_reward,
+                phi=jnp.zeros_like(actors.obs.w))
+
+
+def make_sequences(steps: Step, actors: Actor, start_rnn) -> Sequence:
+    """One sequence per env: the period's steps [P, E] plus the step the envs are at now (action/reward 0)."""
+    last = current_step(actors)._replace(action=jnp.zeros_like(actors.prev_action),
+                                         reward=jnp.zeros_like(actors.prev_reward))
+    steps = jax.tree.map(lambda xs, x: jnp.concatenate([xs, x[None]]), steps, last)
+    return Sequence(steps=jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), state=start_rnn)
+
+
+def act_step(setup: Setup, args: Args, params, actors: Actor, key):
+    """One env step in every env: epsilon-greedy on Q = psi . w for the training task w (no GPI)."""
+    net = eqx.combine(params, setup.static)
+    env = setup.env
+    k_explore, k_action, k_env, k_eps = jax.random.split(key, 4)
+    e = args.num_envs
+    rnn = reset_where(actors.first, actors.rnn, net.core.initial_state())
+    rnn = jax.vmap(partial(core_step, net.core))(jax.vmap(env.rgb_from_symbolic)(actors.obs.image),
+                                                 actors.prev_action, actors.prev_reward, rnn)
+    q = jax.vmap(partial(q_values, net))(rnn[0], actors.obs.w)
+    explore = jax.random.uniform(k_explore, (e,)) < actors.epsilon
+    action = jnp.where(explore, jax.random.randint(k_action, (e,), 0, NUM_ACTIONS), jnp.argmax(q, -1))
+    obs, env_state, reward, _, truncated, info = jax.vmap(env.step, (0, 0, 0, None))(
+        jax.random.split(k_env, e), actors.env_state, action, setup.env_params)
+    step = current_step(actors)._replace(action=action, reward=reward, phi=info["phi"])
+    episode_return = actors.episode_return + reward
+    finished = {"done": truncated, "return": episode_return, "task": jnp.argmax(actors.obs.w, -1)}
+    actors = Actor(
+        env_state=env_state, obs=obs, prev_action=jnp.where(truncated, 0, action),
+        prev_reward=jnp.where(truncated, 0.0, reward), first=truncated, rnn=rnn,
+        epsilon=jnp.where(truncated, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),
+        episode_return=jnp.where(truncated, 0.0, episode_return))
+    return actors, (step, finished)
+
+
+def sgd_step(setup: Setup, args: Args, state: TrainState, key):
+    """Sample a batch of sequences, take one Adam step, refresh their priorities, maybe copy the target."""
+    sample = setup.buffer.sample(state.buffer, key)
+    target_net = eqx.combine(state.target_params, setup.static)
+
+    def loss_fn(params):
+        return batch_loss(eqx.combine(params, setup.static), target_net, setup.env.rgb_from_symbolic,
+                          sample.experience, sample.probabilities, args)
+
+    grads, (priorities, metrics) = jax.grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = setup.optimizer.update(grads, state.opt_state, state.params)
+    params = eqx.apply_updates(state.params, updates)
+    buffer = setup.buffer.set_priorities(state.buffer, sample.indices, priorities)
+    sgd_steps = state.sgd_steps + 1
+    copy = sgd_steps % args.target_update_period == 0
+    target_params = jax.tree.map(lambda p, t: jnp.where(copy, p, t), params, state.target_params)
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    return state._replace(params=params, target_params=target_params, opt_state=opt_state, buffer=buffer,
+                          sgd_steps=sgd_steps), metrics
+
+
+def train_iteration(setup: Setup, args: Args, state: TrainState, _):
+    """Act one sequence period in every env, insert the sequences, then train on replay."""
+    key, k_act, k_learn = jax.random.split(state.key, 3)
+    start_rnn = state.actors.rnn
+    actors, (steps, finished) = jax.lax.scan(
+        partial(act_step, setup, args, state.params), state.actors, jax.random.split(k_act, args.sequence_period))
+    buffer = setup.buffer.add(state.buffer, make_sequences(steps, actors, start_rnn))
+    state = state._replace(buffer=buffer, actors=actors, key=key,
+                           env_steps=state.env_steps + steps_per_iteration(args))
+
+    def learn(state):
+        state, metrics = jax.lax.scan(partial(sgd_step, setup, args), state,
+                                      jax.random.split(k_learn, sgd_steps_per_iteration(args)))
+        return state, jax.tree.map(jnp.mean, metrics) | {"learning": jnp.ones(())}
+
+    def wait(state):
+        return state, {k: jnp.zeros(()) for k in loss_names(args)} | {"learning": jnp.zeros(())}
+
+    state, metrics = jax.lax.cond(setup.buffer.can_sample(state.buffer), learn, wait, state)
+    done = finished["done"]
+    one_hot = jax.nn.one_hot(finished["task"], TRAIN_TASKS.shape[0]) * done[..., None]
+    metrics["return_sum"] = jnp.sum(one_hot * finished["return"][..., None], axis=(0, 1))
+    metrics["return_count"] = jnp.sum(one_hot, axis=(0, 1))
+    metrics["epsilon"] = jnp.mean(actors.epsilon)
+    return state, metrics
+
+
+def make_train_chunk(setup: Setup, args: Args, iterations: int):
+    """A jitted function running `iterations` training iterations for every (vmapped) seed."""
+    def chunk(state):
+        return jax.lax.scan(partial(train_iteration, setup, args), state, None, length=iterations)
+    return jax.jit(jax.vmap(chunk), donate_argnums=0)
+
+
+# =====================================================================================================================
+# Evaluation: greedy, on train and test tasks, with GPI over the train tasks and without
+# =====================================================================================================================
+GPI_SETTINGS = (0, 1)
+"""eval.csv's gpi column: 0 acts on psi(s, a, w) . w, 1 on max_z psi(s, a, z) . w over the train tasks"""
+EVAL_TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])
+
+
+def make_evaluate(setup: Setup, args: Args):
+    """A jitted evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params."""
+    env = setup.env
+    policies = jnp.asarray(TRAIN_TASKS)
+
+    def episode_return(params, key, w, use_gpi: bool):
+        net = eqx.combine(params, setup.static)
+        env_params = EnvParams(tasks=w[None])
+        key_reset, key_run = jax.random.split(key)
+        obs, env_state = env.reset(key_reset, env_params)
+        carry0 = (env_state, obs, jnp.zeros((), jnp.int32), jnp.zeros(()), net.core.initial_state())
+
+        def step(carry, key):
+            env_state, obs, prev_action, prev_reward, rnn = carry
+            rnn = core_step(net.core, env.rgb_from_symbolic(obs.image), prev_action, prev_reward, rnn)
+            q = gpi_q_values(net, rnn[0], obs.w, policies) if use_gpi else q_values(net, rnn[0], obs.w)
+            action = jnp.argmax(q)
+            obs, env_state, reward, _, _, _ = env.step(key, env_state, action, env_params)
+            return (env_state, obs, action, reward, rnn), reward
+
+        _, rewards = jax.lax.scan(step, carry0, jax.random.split(key_run, env_params.max_steps_in_episode))
+        return rewards.sum()
+
+    tasks = jnp.asarray(EVAL_TASKS)
+
+    @jax.jit
+    def evaluate(params, key):
+        keys = jax.random.split(key, (2, len(tasks), args.eval_episodes))
+        out = []
+        for g in GPI_SETTINGS:
+            per_episode = jax.vmap(partial(episode_return, use_gpi=g == 1), (None, 0, None))
+            out.append(jax.vmap(per_episode, (None, 0, 0))(params, keys[g], tasks))
+        return jnp.stack(out)
+
+    return evaluate
+
+
+def eval_rows(evaluate, params, seeds: list[int], step: int) -> list[dict]:
+    """eval.csv rows of every seed: mean and std of the greedy return per task and GPI setting."""
+    eval_key = jax.random.PRNGKey(10_000 + step)
+    rows = []
+    for i, seed in enumerate(seeds):
+        returns = np.asarray(evaluate(jax.tree.map(lambda x: x[i], params), jax.random.fold_in(eval_key, seed)))
+        for g_index, g in enumerate(GPI_SETTINGS):
+            for t, w in enumerate(EVAL_TASKS):
+                r = returns[g_index, t]
+                rows.append({"step": step, "seed": seed, "split": "train" if t < len(TRAIN_TASKS) else "test",
+                             "task": format_task(w), "gpi": g, "episodes": len(r), "return_mean": float(r.mean()),
+                             "return_std": float(r.std())})
+    return rows
+
+
+# =====================================================================================================================
+# Main: build, (resume,) then alternate jitted training chunks with logging, evaluation and checkpoints
+# =====================================================================================================================
+def metric_fields(args: Args) -> list[str]:
+    return (["step", "seed", "sps", "sgd_steps", "epsilon", *loss_names(args), "rss_gb"]
+            + [f"return_train_{format_task(w)}" for w in TRAIN_TASKS])
+
+
+def metric_rows(args: Args, metrics, state: TrainState, seeds: list[int], step: int, sps: float) -> list[dict]:
+    """metrics.csv rows of every seed from a chunk's metrics [seeds, iterations, ...]; losses average the
+    iterations that learned, returns the episodes that ended in the chunk ("" where there were none)."""
+    rows = []
+    for i, seed in enumerate(seeds):
+        m = {k: v[i] for k, v in metrics.items()}
+        learning = m["learning"] > 0
+        row = {"step": step, "seed": seed, "sps": round(sps, 1), "sgd_steps": int(state.sgd_steps[i]),
+               "epsilon": float(m["epsilon"].mean()), "rss_gb": round(peak_rss_gb(), 2)}
+        for k in loss_names(args):
+            row[k] = float(m[k][learning].mean()) if learning.any() else ""
+        counts, sums = m["return_count"].sum(0), m["return_sum"].sum(0)
+        for t, w in enumerate(TRAIN_TASKS):
+            row[f"return_train_{format_task(w)}"] = float(sums[t] / counts[t]) if counts[t] else ""
+        rows.append(row)
+    return rows
 
 
 @exit_on_config_error
 def main(args: Args) -> None:
     check_args(args)
-    train(make_method(args), args)
+    run = RunDir(args)
+    setup = make_setup(args)
+    seeds = [args.seed + i for i in range(args.num_seeds)]
+    state = jax.vmap(lambda k: init_train_state(setup, args, k))(jnp.stack([jax.random.PRNGKey(s) for s in seeds]))
+    num_params = count_params(eqx.combine(jax.tree.map(lambda x: x[0], state.params), setup.static))
+    paper = "2.35M" if args.learned_cumulants else "not reported; its table's 2.35M is USFA with learned cumulants"
+    print(f"{method_name(args)} network: {num_params:,} parameters (paper: {paper})", flush=True)
+    start_step = 0
+    if args.resume:
+        state, start_step = run.restore(state)
+    else:
+        run.write_config({"method": method_name(args), "num_params": num_params,
+                          "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
+
+    per_iteration = steps_per_iteration(args)
+    total_iterations = -(-args.total_timesteps // per_iteration)  # at least --total-timesteps
+    chunk_iterations = max(1, args.log_every // per_iteration)
+    eval_every_iterations = max(1, args.eval_every // per_iteration)
+    train_chunk = make_train_chunk(setup, args, chunk_iterations)
+    evaluate = make_evaluate(setup, args)
+    logs = run.open_logs(metric_fields(args))
+    print(f"{args.num_seeds} seed(s) x {args.num_envs} envs, {sgd_steps_per_iteration(args)} SGD steps per "
+          f"{per_iteration} env steps; logging every {chunk_iterations * per_iteration:,} steps; run dir {run.path}")
+
+    iteration = start_step // per_iteration
+    next_eval = (iteration // eval_every_iterations + 1) * eval_every_iterations
+    start_time, start_iteration = time.time(), iteration
+    while iteration < total_iterations:
+        chunk_start = time.time()
+        state, metrics = train_chunk(state)
+        metrics = jax.tree.map(np.asarray, metrics)  # [seeds, iterations]: the one host sync per chunk
+        iteration += chunk_iterations
+        step = iteration * per_iteration
+        rows = metric_rows(args, metrics, state, seeds, step, chunk_iterations * per_iteration / (time.time() - chunk_start))
+        logs.write_metrics(rows)
+        eta = (time.time() - start_time) / (iteration - start_iteration) * (total_iterations - iteration)
+        returns = [r[k] for r in rows for k in metric_fields(args) if k.startswith("return_train") and r[k] != ""]
+        loss = [r["loss"] for r in rows if r["loss"] != ""]
+        print(f"step {step:,}/{total_iterations * per_iteration:,} | {rows[0]['sps']:,.0f} SPS | "
+              f"ETA {eta / 60:.1f} min | train return {f'{np.mean(returns):.2f}' if returns else '-'} | "
+              f"loss {f'{np.mean(loss):.4f}' if loss else '-'} | sgd steps {int(state.sgd_steps[0]):,} | "
+              f"RSS {peak_rss_gb():.1f} GB", flush=True)
+        if iteration >= next_eval or iteration >= total_iterations:
+            rows = eval_rows(evaluate, state.params, seeds, step)
+            logs.write_eval(rows)
+            test = [r["return_mean"] for r in rows if r["split"] == "test" and r["gpi"] == 1]
+            train = [r["return_mean"] for r in rows if r["split"] == "train" and r["gpi"] == 0]
+            print(f"eval @ {step:,}: train return {np.mean(train):.2f}, test return (GPI) {np.mean(test):.2f}",
+                  flush=True)
+            next_eval += eval_every_iterations
+            run.save(state, step, seeds)
+    logs.close()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import numpy as np
 import tyro
 
 from common.babyai import NUM_ACTIONS, GotoAvoid, GotoAvoidMiniGrid
-from common.errors import exit_on_config_error, require
+from common.run import exit_on_config_error, require
 
 
 @dataclass

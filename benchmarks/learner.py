@@ -22,8 +22,7 @@ import tyro
 import msfa_babyai
 import usfa
 import uvfa
-from common import r2d2
-from common.errors import exit_on_config_error, require
+from common.run import exit_on_config_error, require
 
 METHODS = {  # name: (script, its non-default flags)
     "msfa": (msfa_babyai, {}),
@@ -35,10 +34,9 @@ METHODS = {  # name: (script, its non-default flags)
 }
 
 
-def method_and_args(name: str):
+def script_and_args(name: str):
     script, flags = METHODS[name]
-    args = script.Args(**flags)
-    return script.make_method(args), args
+    return script, script.Args(**flags)
 
 
 @dataclass
@@ -69,10 +67,10 @@ def flops_of(jitted, *args) -> float:
     return float(cost["flops"])
 
 
-def random_batch(setup: r2d2.Setup, args, key) -> r2d2.Sequence:
+def random_batch(script, args, key):
     b, t = args.batch_size, args.sequence_length
     k = jax.random.split(key, 4)
-    steps = r2d2.Step(
+    steps = script.Step(
         obs=jax.random.randint(k[0], (b, t, 5, 5, 3), 0, 7).astype(jnp.uint8),
         w=jnp.broadcast_to(jnp.eye(4)[0], (b, t, 4)),
         prev_action=jax.random.randint(k[1], (b, t), 0, 4),
@@ -80,10 +78,10 @@ def random_batch(setup: r2d2.Setup, args, key) -> r2d2.Sequence:
         first=jnp.zeros((b, t), bool).at[:, 0].set(True),
         action=jax.random.randint(k[2], (b, t), 0, 4),
         reward=jax.random.normal(k[3], (b, t)),
-        phi=jnp.zeros((b, t, 4)),
+        **({"phi": jnp.zeros((b, t, 4))} if "phi" in script.Step._fields else {}),
     )
-    initial = setup.method.make_network(args, jax.random.PRNGKey(0)).core.initial_state()
-    return r2d2.Sequence(steps=steps, state=jax.tree.map(lambda x: jnp.broadcast_to(x, (b,) + x.shape), initial))
+    initial = script.make_network(args, jax.random.PRNGKey(0)).core.initial_state()
+    return script.Sequence(steps=steps, state=jax.tree.map(lambda x: jnp.broadcast_to(x, (b,) + x.shape), initial))
 
 
 @exit_on_config_error
@@ -91,9 +89,9 @@ def main(bench: Args) -> None:
     require(bench.repeats > 0 and bench.chunk_iterations > 0, "repeats and chunk-iterations must be positive")
     require(all(s > 0 for s in bench.seeds), f"seeds must be positive, got {bench.seeds}")
     require(bench.method in METHODS, f"--method must be one of {', '.join(METHODS)}, got {bench.method!r}")
-    method, args = method_and_args(bench.method)
-    setup = r2d2.make_setup(method, args)
-    print(f"{method.name}: jax {jax.__version__} on {jax.devices()[0].device_kind}; median of {bench.repeats}; "
+    script, args = script_and_args(bench.method)
+    setup = script.make_setup(args)
+    print(f"{script.method_name(args)}: jax {jax.__version__} on {jax.devices()[0].device_kind}; median of {bench.repeats}; "
           f"paper settings: batch {args.batch_size} x {args.sequence_length} steps")
 
     n = bench.matmul_size
@@ -102,14 +100,14 @@ def main(bench: Args) -> None:
     matmul_gflops = 2 * n**3 / median_time(matmul, a, repeats=bench.repeats) / 1e9
     print(f"plain jitted matmul {n}x{n}: {matmul_gflops:.1f} GFLOP/s")
 
-    state = r2d2.init_train_state(setup, args, jax.random.PRNGKey(1))
-    batch = random_batch(setup, args, jax.random.PRNGKey(2))
+    state = script.init_train_state(setup, args, jax.random.PRNGKey(1))
+    batch = random_batch(script, args, jax.random.PRNGKey(2))
     probabilities = jnp.full(args.batch_size, 1e-3)
 
     @jax.jit
     def update(params, opt_state, target_params, batch):
         def loss(params):
-            return method.batch_loss(eqx.combine(params, setup.static), eqx.combine(target_params, setup.static),
+            return script.batch_loss(eqx.combine(params, setup.static), eqx.combine(target_params, setup.static),
                                      setup.env.rgb_from_symbolic, batch, probabilities, args)
 
         grads, (priorities, metrics) = jax.grad(loss, has_aux=True)(params)
@@ -123,13 +121,13 @@ def main(bench: Args) -> None:
           f"{flops / seconds / 1e9:.1f} GFLOP/s = {flops / seconds / 1e9 / matmul_gflops:.0%} of the matmul figure")
     del state, inputs
 
-    per_chunk = bench.chunk_iterations * r2d2.steps_per_iteration(args)
-    print(f"end to end ({args.num_envs} envs, {r2d2.sgd_steps_per_iteration(args)} SGD steps per "
-          f"{r2d2.steps_per_iteration(args)} env steps, replay {args.replay_size:,} sequences):")
-    chunk = r2d2.make_train_chunk(setup, args, bench.chunk_iterations)
+    per_chunk = bench.chunk_iterations * script.steps_per_iteration(args)
+    print(f"end to end ({args.num_envs} envs, {script.sgd_steps_per_iteration(args)} SGD steps per "
+          f"{script.steps_per_iteration(args)} env steps, replay {args.replay_size:,} sequences):")
+    chunk = script.make_train_chunk(setup, args, bench.chunk_iterations)
     for num_seeds in bench.seeds:
         keys = jnp.stack([jax.random.PRNGKey(s) for s in range(num_seeds)])
-        state = jax.vmap(lambda k: r2d2.init_train_state(setup, args, k))(keys)
+        state = jax.vmap(lambda k: script.init_train_state(setup, args, k))(keys)
         state, _ = chunk(state)  # compile, and fill replay past min_replay_size so every timed chunk learns
         times = []
         for _ in range(bench.repeats):

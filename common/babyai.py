@@ -30,7 +30,7 @@ from flax import struct
 from gymnax.environments import environment, spaces
 from minigrid.minigrid_env import MiniGridEnv
 
-from common.errors import require
+from common.run import require
 
 ROOM_SIZE = 10
 NUM_CATEGORIES = 4
@@ -650,6 +650,6 @@ class GotoAvoidMiniGrid(MiniGridEnv):
 if __name__ == "__main__":
     import tyro
 
-    from common.errors import exit_on_config_error
+    from common.run import exit_on_config_error
 
     exit_on_config_error(tyro.cli)(_print_reference_table)

@@ -19,7 +19,7 @@ import numpy as np
 import tyro
 
 from common.babyai import TEST_TASKS, TRAIN_TASKS, format_task
-from common.errors import exit_on_config_error, require
+from common.run import exit_on_config_error, require
 from results.summarize import mean_se
 
 

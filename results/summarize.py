@@ -17,7 +17,7 @@ import numpy as np
 import tyro
 
 from common.babyai import TEST_TASKS, TRAIN_TASKS, bfs_oracle_returns, format_task, random_policy_returns
-from common.errors import exit_on_config_error, require
+from common.run import exit_on_config_error, require
 
 
 @dataclass

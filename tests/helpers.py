@@ -1,19 +1,46 @@
-"""Test data shared by the learner tests."""
+"""Test data and settings shared by the learner tests."""
 
 import jax
 import jax.numpy as jnp
 
-from common import r2d2
+import msfa_babyai
+import usfa
+import uvfa
+
+RUN = dict(num_envs=4, sequence_period=8, sequence_length=9, replay_size=64, min_replay_size=8, batch_size=4,
+           samples_per_insert=2.0, target_update_period=3, eval_episodes=2)
+FARM = dict(num_modules=2, module_size=16, attention_heads=1)
+TINY_MSFA = RUN | FARM | dict(psi_hidden=(8,), phi_hidden=(8,))
+TINY_USFA = RUN | dict(lstm_size=16, psi_hidden=(8,), phi_hidden=(8,))
+TINY_UVFA = RUN | FARM | dict(lstm_size=16, q_hidden=(8,))
+
+VARIANTS = {  # name: (script, tiny settings, has GPI)
+    "msfa": (msfa_babyai, TINY_MSFA, True),
+    "msfa-entangled-psi": (msfa_babyai, TINY_MSFA | dict(entangled_psi=True), True),
+    "msfa-entangled-phi": (msfa_babyai, TINY_MSFA | dict(entangled_phi=True), True),
+    "msfa-entangled-both": (msfa_babyai, TINY_MSFA | dict(entangled_psi=True, entangled_phi=True), True),
+    "usfa": (usfa, TINY_USFA, True),
+    "usfa-learned": (usfa, TINY_USFA | dict(learned_cumulants=True), True),
+    "uvfa": (uvfa, TINY_UVFA, False),
+    "uvfa-farm": (uvfa, TINY_UVFA | dict(farm=True), False),
+    "mvfa": (uvfa, TINY_UVFA | dict(modular=True), False),
+}
+SCRIPTS = {"msfa_babyai": msfa_babyai, "usfa": usfa, "uvfa": uvfa}
 
 
-def random_sequence(key, length: int, state, episode_end=None) -> r2d2.Sequence:
-    """A random replay sequence of `length` steps from recurrent `state`, task w = [1, -1, 0.5, 0] and no env
-    cumulants; if episode_end = e, step e + 1 starts a new episode."""
-    k = jax.random.split(key, 5)
+def random_sequence(script, key, length: int, state, episode_end=None, pickups: bool = False):
+    """A random replay sequence (the script's own Sequence type) of `length` steps from recurrent `state`, task
+    w = [1, -1, 0.5, 0]; env cumulants are zero, or random one-hots on a third of the steps if `pickups`; if
+    episode_end = e, step e + 1 starts a new episode."""
+    k = jax.random.split(key, 7)
     first = jnp.zeros(length, bool)
     if episode_end is not None:
         first = first.at[episode_end + 1].set(True)
-    steps = r2d2.Step(
+    phi = jnp.zeros((length, 4))
+    if pickups:
+        picked = jax.random.uniform(k[5], (length,)) < 1 / 3
+        phi = jax.nn.one_hot(jax.random.randint(k[6], (length,), 0, 4), 4) * picked[:, None]
+    fields = dict(
         obs=jax.random.randint(k[0], (length, 5, 5, 3), 0, 7).astype(jnp.uint8),
         w=jnp.broadcast_to(jnp.array([1.0, -1, 0.5, 0]), (length, 4)),
         prev_action=jax.random.randint(k[1], (length,), 0, 4),
@@ -21,6 +48,7 @@ def random_sequence(key, length: int, state, episode_end=None) -> r2d2.Sequence:
         first=first,
         action=jax.random.randint(k[3], (length,), 0, 4),
         reward=jax.random.normal(k[4], (length,)),
-        phi=jnp.zeros((length, 4)),
+        phi=phi,
     )
-    return r2d2.Sequence(steps=steps, state=state)
+    steps = script.Step(**{name: fields[name] for name in script.Step._fields})
+    return script.Sequence(steps=steps, state=state)

@@ -26,7 +26,7 @@ from common.babyai import (
     make_params,
     random_policy_returns,
 )
-from common.errors import ConfigError
+from common.run import ConfigError
 
 
 def test_tasks_are_the_papers():

@@ -1,6 +1,7 @@
 """Baselines and ablations: USFA (hand-designed and learned cumulants), UVFA, UVFA-FARM, MVFA, MSFA with entangled
 psi/phi. Heads against hand-worked examples, the oracle cumulant's timing, MVFA's sum, which module states each head
-reads, parameter counts against the paper, and a tiny end-to-end run of every script and variant."""
+reads, and parameter counts against the paper. (What every script shares, and a tiny run of every variant, is
+tested in test_learners.py.)"""
 
 import csv
 import json
@@ -15,17 +16,10 @@ import pytest
 import msfa_babyai as msfa
 import usfa
 import uvfa
-from common import r2d2
 from common.babyai import TEST_TASKS, GotoAvoid, format_task
 from common.networks import count_params
-from helpers import random_sequence
+from helpers import TINY_MSFA, TINY_USFA, TINY_UVFA, random_sequence
 
-RUN = dict(num_envs=4, sequence_period=8, sequence_length=9, replay_size=64, min_replay_size=8, batch_size=4,
-           samples_per_insert=2.0, target_update_period=3, eval_episodes=2)
-FARM = dict(num_modules=2, module_size=16, attention_heads=1)
-TINY_USFA = RUN | dict(lstm_size=16, psi_hidden=(8,), phi_hidden=(8,))
-TINY_UVFA = RUN | FARM | dict(lstm_size=16, q_hidden=(8,))
-TINY_MSFA = RUN | FARM | dict(psi_hidden=(8,), phi_hidden=(8,))
 RENDER = GotoAvoid().rgb_from_symbolic
 
 
@@ -47,9 +41,9 @@ def test_duelling_head_is_value_plus_centred_advantage():
 def test_env_cumulant_is_stored_with_the_reward_of_the_same_transition():
     """In what the actors insert into replay, reward_t = phi_t . w_t at every step: phi_t belongs to t -> t+1."""
     args = usfa.Args(**(TINY_USFA | dict(num_envs=16, epsilon_exponents=(0.0, 0.0))))  # epsilon = 1: random play
-    setup = r2d2.make_setup(usfa.make_method(args), args)
-    state = r2d2.init_train_state(setup, args, jax.random.PRNGKey(0))
-    _, (steps, _) = jax.jit(lambda actors, keys: jax.lax.scan(partial(r2d2.act_step, setup, args, state.params),
+    setup = usfa.make_setup(args)
+    state = usfa.init_train_state(setup, args, jax.random.PRNGKey(0))
+    _, (steps, _) = jax.jit(lambda actors, keys: jax.lax.scan(partial(usfa.act_step, setup, args, state.params),
                                                               actors, keys))(
         state.actors, jax.random.split(jax.random.PRNGKey(1), 400))
     assert float(jnp.sum(steps.phi)) >= 20  # enough pickups to mean something
@@ -68,7 +62,7 @@ def test_oracle_sf_loss_uses_the_cumulant_of_each_transition_hand_worked():
     args = usfa.Args(**(TINY_USFA | dict(gamma=0.5, n_step=5)))
     net = zero_psi(usfa.USFANetwork(args, 4, jax.random.PRNGKey(0)))
     target = zero_psi(usfa.USFANetwork(args, 4, jax.random.PRNGKey(1)))
-    seq = random_sequence(jax.random.PRNGKey(2), 9, net.core.initial_state())
+    seq = random_sequence(usfa, jax.random.PRNGKey(2), 9, net.core.initial_state())
     seq = seq._replace(steps=seq.steps._replace(phi=seq.steps.phi.at[2, 0].set(1.0)))  # pickup on transition 2 -> 3
     out = usfa.oracle_sequence_loss(net, target, RENDER, seq, args)
     # psi = 0, so delta_t = G_t = gamma^(2 - t) e_0 for t <= 2 and 0 after; loss = mean over 8 transitions of
@@ -159,45 +153,7 @@ def test_ablation_module_sizes_are_the_papers():
     assert msfa.module_size(msfa.Args(entangled_psi=True, entangled_phi=True)) == 140
 
 
-# ------------------------------------------------------------------------------------------ tiny end-to-end runs
-VARIANTS = {
-    "usfa": (usfa, TINY_USFA, True),
-    "usfa-learned": (usfa, TINY_USFA | dict(learned_cumulants=True), True),
-    "uvfa": (uvfa, TINY_UVFA, False),
-    "uvfa-farm": (uvfa, TINY_UVFA | dict(farm=True), False),
-    "mvfa": (uvfa, TINY_UVFA | dict(modular=True), False),
-    "msfa-entangled-psi": (msfa, TINY_MSFA | dict(entangled_psi=True), True),
-    "msfa-entangled-phi": (msfa, TINY_MSFA | dict(entangled_phi=True), True),
-    "msfa-entangled-both": (msfa, TINY_MSFA | dict(entangled_psi=True, entangled_phi=True), True),
-}
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_tiny_run_of_every_script_and_variant(variant, tmp_path, capsys):
-    script, settings, has_gpi = VARIANTS[variant]
-    run_dir = tmp_path / variant
-    script.main(script.Args(**(settings | dict(run_dir=str(run_dir), total_timesteps=64, log_every=32,
-                                               eval_every=64))))
-    out = capsys.readouterr().out
-    assert "parameters (paper:" in out
-    for name in ("config.json", "metrics.csv", "eval.csv", "checkpoint.eqx"):
-        assert (run_dir / name).exists(), name
-    config = json.loads((run_dir / "config.json").read_text())
-    assert config["method"] == script.make_method(script.Args(**settings)).name
-    metrics = list(csv.DictReader((run_dir / "metrics.csv").open()))
-    assert [r["step"] for r in metrics] == ["32", "64"]
-    assert metrics[-1]["loss"] and np.isfinite(float(metrics[-1]["loss"]))
-    evals = list(csv.DictReader((run_dir / "eval.csv").open()))
-    assert {r["gpi"] for r in evals} == ({"0", "1"} if has_gpi else {"0"})
-    assert len(evals) == (2 if has_gpi else 1) * 12
-
-    from results import summarize
-
-    summarize.main(summarize.Args(run_dir=str(run_dir), episodes=0))
-    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith(("| train", "| test"))]
-    assert len(rows) == 12 and all((row[3].strip() != "-") == has_gpi for row in rows)  # the GPI column
-
-
+# ------------------------------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("script", [usfa, uvfa])
 def test_unknown_env_stops_with_one_line(script, capsys):
     with pytest.raises(SystemExit) as exit_info:
