@@ -31,12 +31,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import tyro
 
 from common.babyai import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, EnvParams, GotoAvoid, format_task, make_params
 from common.farm import FarmCore, apply_per_module
 from common.networks import MLP, LSTMCore, count_params, oar_vector
-from common.run import RunDir, exit_on_config_error, peak_rss_gb, require
+from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, parse_args, metric_fields,
+                        metric_rows, progress_line, require, require_finite, require_fraction, require_non_negative,
+                        require_positive)
 
 
 # =====================================================================================================================
@@ -69,7 +70,11 @@ class Args:
     wandb_entity: str | None = None
     """Weights & Biases entity (with --track)"""
     resume: bool = False
-    """continue the run in --run-dir from its checkpoint"""
+    """continue the run in --run-dir from its checkpoint, with its saved settings"""
+    overwrite: bool = False
+    """start anew in a --run-dir that holds a run, moving the old one aside to <run-dir>.replaced-<time>"""
+    checkpoint_minutes: float = 10.0
+    """minutes of wall time between checkpoints (also written at every evaluation and on Ctrl-C)"""
     truncate_task_input: bool = False
     """feed int32(w) to the agent as the original code did ([1,1,.5,.5] became [1,1,0,0]); rewards use float w"""
 
@@ -132,11 +137,12 @@ class Args:
 
 def check_args(args: Args) -> None:
     """Refuse settings that cannot work, with one line saying what to change."""
-    for name in ("num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every", "n_step",
-                 "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
-                 "lstm_size", "num_modules", "module_size", "attention_heads", "projection_dim"):
-        value = getattr(args, name)
-        require(value > 0, f"--{name.replace('_', '-')} must be positive, got {value}")
+    require_positive(args, "num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every",
+                     "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
+                     "lstm_size", "num_modules", "module_size", "attention_heads", "projection_dim", "learning_rate",
+                     "adam_eps", "max_grad_norm", "checkpoint_minutes", "epsilon_base", "samples_per_insert")
+    require_non_negative(args, "seed", "importance_exponent")
+    require(all(x > 0 for x in args.q_hidden), f"--q-hidden sizes must be positive, got {args.q_hidden}")
     require(args.env in ENVS, f"--env must be one of {', '.join(ENVS)} (Fruitbot and MiniHack are not implemented "
                               f"yet), got {args.env!r}")
     require(not args.modular or TRAIN_TASKS.shape[1] % args.num_modules == 0,
@@ -144,13 +150,14 @@ def check_args(args: Args) -> None:
     require(args.sequence_length == args.sequence_period + 1,
             f"--sequence-length must be --sequence-period + 1 (sequences share one step), got "
             f"{args.sequence_length} and {args.sequence_period}")
-    require(args.samples_per_insert > 0, f"--samples-per-insert must be positive, got {args.samples_per_insert}")
     require(0 < args.gamma <= 1, f"--gamma must be in (0, 1], got {args.gamma}")
-    require(0 <= args.priority_exponent <= 1, f"--priority-exponent must be in [0, 1], got {args.priority_exponent}")
+    require_fraction(args, "priority_exponent", "max_priority_weight")
     require(args.min_replay_size >= args.batch_size,
             f"--min-replay-size must be at least --batch-size ({args.batch_size}), got {args.min_replay_size}")
     require(args.replay_size >= args.min_replay_size,
             f"--replay-size must be at least --min-replay-size, got {args.replay_size} < {args.min_replay_size}")
+    require(args.replay_size >= args.num_envs, f"--replay-size must hold one insert of --num-envs ({args.num_envs}) "
+                                               f"sequences, got {args.replay_size}")
     require(args.total_timesteps >= steps_per_iteration(args),
             f"--total-timesteps must cover at least one iteration ({steps_per_iteration(args)} env steps = "
             f"--num-envs x --sequence-period), got {args.total_timesteps}")
@@ -539,6 +546,7 @@ def make_train_chunk(setup: Setup, args: Args, iterations: int):
 GPI_SETTINGS = (0,)
 """eval.csv's gpi column: 0, acting on Q(s, a, w_test)"""
 EVAL_TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])
+TRAIN_TASK_NAMES = [format_task(w) for w in TRAIN_TASKS]
 
 
 def make_evaluate(setup: Setup, args: Args):
@@ -591,84 +599,56 @@ def eval_rows(evaluate, params, seeds: list[int], step: int) -> list[dict]:
 # =====================================================================================================================
 # Main: build, (resume,) then alternate jitted training chunks with logging, evaluation and checkpoints
 # =====================================================================================================================
-METRIC_FIELDS = (["step", "seed", "sps", "sgd_steps", "epsilon", *LOSS_NAMES, "rss_gb"]
-                 + [f"return_train_{format_task(w)}" for w in TRAIN_TASKS])
-
-
-def metric_rows(metrics, state: TrainState, seeds: list[int], step: int, sps: float) -> list[dict]:
-    """metrics.csv rows of every seed from a chunk's metrics [seeds, iterations, ...]; losses average the
-    iterations that learned, returns the episodes that ended in the chunk ("" where there were none)."""
-    rows = []
-    for i, seed in enumerate(seeds):
-        m = {k: v[i] for k, v in metrics.items()}
-        learning = m["learning"] > 0
-        row = {"step": step, "seed": seed, "sps": round(sps, 1), "sgd_steps": int(state.sgd_steps[i]),
-               "epsilon": float(m["epsilon"].mean()), "rss_gb": round(peak_rss_gb(), 2)}
-        for k in LOSS_NAMES:
-            row[k] = float(m[k][learning].mean()) if learning.any() else ""
-        counts, sums = m["return_count"].sum(0), m["return_sum"].sum(0)
-        for t, w in enumerate(TRAIN_TASKS):
-            row[f"return_train_{format_task(w)}"] = float(sums[t] / counts[t]) if counts[t] else ""
-        rows.append(row)
-    return rows
-
-
 @exit_on_config_error
 def main(args: Args) -> None:
     check_args(args)
-    run = RunDir(args)
+    per_iteration = steps_per_iteration(args)
+    total_iterations = -(-args.total_timesteps // per_iteration)  # at least --total-timesteps
+    total_steps = total_iterations * per_iteration
+    run = RunDir(args, method_name(args), total_steps)  # refuses a used, missing or unwritable directory
     setup = make_setup(args)
     seeds = [args.seed + i for i in range(args.num_seeds)]
     state = jax.vmap(lambda k: init_train_state(setup, args, k))(jnp.stack([jax.random.PRNGKey(s) for s in seeds]))
     num_params = count_params(eqx.combine(jax.tree.map(lambda x: x[0], state.params), setup.static))
     paper = PAPER_PARAMS[method_name(args)]
     print(f"{method_name(args)} network: {num_params:,} parameters (paper: {paper})", flush=True)
-    start_step = 0
     if args.resume:
-        state, start_step = run.restore(state)
-    else:
-        run.write_config({"method": method_name(args), "num_params": num_params,
-                          "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
-
-    per_iteration = steps_per_iteration(args)
-    total_iterations = -(-args.total_timesteps // per_iteration)  # at least --total-timesteps
+        state, _ = run.restore(state)
+    run.write_config({"method": method_name(args), "num_params": num_params,
+                      "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
     chunk_iterations = max(1, args.log_every // per_iteration)
     eval_every_iterations = max(1, args.eval_every // per_iteration)
     train_chunk = make_train_chunk(setup, args, chunk_iterations)
     evaluate = make_evaluate(setup, args)
-    logs = run.open_logs(METRIC_FIELDS)
     print(f"{args.num_seeds} seed(s) x {args.num_envs} envs, {sgd_steps_per_iteration(args)} SGD steps per "
           f"{per_iteration} env steps; logging every {chunk_iterations * per_iteration:,} steps; run dir {run.path}")
 
-    iteration = start_step // per_iteration
+    iteration = run.start_step // per_iteration
     next_eval = (iteration // eval_every_iterations + 1) * eval_every_iterations
     start_time, start_iteration = time.time(), iteration
-    while iteration < total_iterations:
-        chunk_start = time.time()
-        state, metrics = train_chunk(state)
-        metrics = jax.tree.map(np.asarray, metrics)  # [seeds, iterations]: the one host sync per chunk
-        iteration += chunk_iterations
-        step = iteration * per_iteration
-        rows = metric_rows(metrics, state, seeds, step, chunk_iterations * per_iteration / (time.time() - chunk_start))
-        logs.write_metrics(rows)
-        eta = (time.time() - start_time) / (iteration - start_iteration) * (total_iterations - iteration)
-        returns = [r[k] for r in rows for k in METRIC_FIELDS if k.startswith("return_train") and r[k] != ""]
-        loss = [r["loss"] for r in rows if r["loss"] != ""]
-        print(f"step {step:,}/{total_iterations * per_iteration:,} | {rows[0]['sps']:,.0f} SPS | "
-              f"ETA {eta / 60:.1f} min | train return {f'{np.mean(returns):.2f}' if returns else '-'} | "
-              f"loss {f'{np.mean(loss):.4f}' if loss else '-'} | sgd steps {int(state.sgd_steps[0]):,} | "
-              f"RSS {peak_rss_gb():.1f} GB", flush=True)
-        if iteration >= next_eval or iteration >= total_iterations:
-            rows = eval_rows(evaluate, state.params, seeds, step)
-            logs.write_eval(rows)
-            test = [r["return_mean"] for r in rows if r["split"] == "test"]
-            train = [r["return_mean"] for r in rows if r["split"] == "train" and r["gpi"] == 0]
-            print(f"eval @ {step:,}: train return {np.mean(train):.2f}, test return (no GPI) {np.mean(test):.2f}",
-                  flush=True)
-            next_eval += eval_every_iterations
-            run.save(state, step, seeds)
-    logs.close()
+    with StopSignals() as signals, run.open_logs(metric_fields(LOSS_NAMES, TRAIN_TASK_NAMES)) as logs:
+        while iteration < total_iterations:
+            chunk_start = time.time()
+            state, metrics = train_chunk(state)
+            metrics = jax.tree.map(np.asarray, metrics)  # [seeds, iterations]: the one host sync per chunk
+            iteration += chunk_iterations
+            step = iteration * per_iteration
+            sps = chunk_iterations * per_iteration / (time.time() - chunk_start)
+            rows = metric_rows(metrics, state.sgd_steps, seeds, step, sps, LOSS_NAMES, TRAIN_TASK_NAMES)
+            logs.write_metrics(rows)
+            require_finite(rows, LOSS_NAMES, run)  # stops on NaN/inf, keeping the last good checkpoint
+            eta = (time.time() - start_time) / (iteration - start_iteration) * (total_iterations - iteration)
+            print(progress_line(rows, total_steps, eta), flush=True)
+            if iteration >= next_eval or iteration >= total_iterations:
+                rows = eval_rows(evaluate, state.params, seeds, step)
+                logs.write_eval(rows)
+                print(eval_line(rows), flush=True)
+                next_eval += eval_every_iterations
+                run.save(state, step, seeds)
+            elif run.checkpoint_due():
+                run.save(state, step, seeds)
+            signals.stop_if_asked(run, state, step, seeds)  # Ctrl-C / SIGTERM: checkpoint, then one line and exit
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_args(Args))

@@ -1,6 +1,15 @@
 """Run plumbing shared by the training scripts: one-line errors, the run directory and its files (config.json,
-metrics.csv, eval.csv, checkpoint.eqx, TensorBoard, wandb). Nothing here is part of an RL algorithm: the scripts
-hold their whole method, this module only writes down what they measure and saves what they need to resume.
+metrics.csv, eval.csv, checkpoint.eqx, TensorBoard, wandb), resuming, and stopping cleanly. Nothing here is part of
+an RL algorithm: the scripts hold their whole method; this module writes down what they measure and keeps what they
+need to resume.
+
+A run never loses more than a few minutes of work and never mixes with another run:
+- checkpoints are written at every evaluation, every --checkpoint-minutes of wall time and on Ctrl-C / SIGTERM,
+  always at a chunk boundary and atomically (a crash mid-write leaves the previous checkpoint whole);
+- a run directory that holds any run file is refused unless --resume (continue it) or --overwrite (move the old
+  directory aside; nothing is ever deleted);
+- --resume takes every setting from the saved config.json; only SAFE_TO_CHANGE may be given anew, and each resume is
+  recorded there. The directory's location is not a setting, so a moved or copied run resumes.
 """
 
 from __future__ import annotations
@@ -10,21 +19,53 @@ import dataclasses
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import equinox as eqx
 
 EVAL_FIELDS = ["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"]
 """the columns of eval.csv (a contract: results/ and other tools read them)"""
+RUN_FILES = ("config.json", "metrics.csv", "eval.csv", "checkpoint.eqx")
+SAFE_TO_CHANGE = ("total_timesteps", "eval_every", "log_every", "track", "checkpoint_minutes", "wandb_project_name",
+                  "wandb_entity")
+"""settings a resumed run may change: they decide how long it runs and what it records, not what it learns"""
+NOT_SETTINGS = ("run_dir", "resume", "overwrite")
+"""arguments that say where and how to start, not what the run is"""
 
 
 # =====================================================================================================================
-# One clear line for bad input, instead of a traceback
+# One clear line instead of a traceback
 # =====================================================================================================================
-class ConfigError(ValueError):
+class StopRun(Exception):
+    """Stop the program with one line on stderr and an exit status."""
+
+    code = 1
+    prefix = "error: "
+
+
+class ConfigError(StopRun, ValueError):
     """A user-supplied setting is invalid; the message says what is wrong and what to do."""
+
+    code = 2
+
+
+class NothingToDo(StopRun):
+    """Not an error: say why there is nothing to do and exit with status 0."""
+
+    code = 0
+    prefix = ""
+
+
+class Interrupted(StopRun):
+    prefix = ""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.code = 128 + signum
 
 
 def require(condition: bool, message: str) -> None:
@@ -33,18 +74,78 @@ def require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def require_positive(args, *names: str) -> None:
+    for name in names:
+        require(getattr(args, name) > 0, f"{_flag(name)} must be positive, got {getattr(args, name)}")
+
+
+def require_non_negative(args, *names: str) -> None:
+    for name in names:
+        require(getattr(args, name) >= 0, f"{_flag(name)} must not be negative, got {getattr(args, name)}")
+
+
+def require_fraction(args, *names: str) -> None:
+    for name in names:
+        require(0 <= getattr(args, name) <= 1, f"{_flag(name)} must be in [0, 1], got {getattr(args, name)}")
+
+
 def exit_on_config_error(main):
-    """Wrap a CLI entry point so a ConfigError prints `error: ...` and exits with status 2."""
+    """Wrap a CLI entry point so a StopRun prints one line (`error: ...`) and exits with its status."""
 
     @functools.wraps(main)
     def wrapped(*args, **kwargs):
         try:
             return main(*args, **kwargs)
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
+        except StopRun as e:
+            print(f"{e.prefix}{e}", file=sys.stderr, flush=True)
+            raise SystemExit(e.code) from None
 
     return wrapped
+
+
+# =====================================================================================================================
+# Arguments: --resume takes the saved run's settings
+# =====================================================================================================================
+def default_run_dir(args) -> Path:
+    return Path(args.run_dir or f"runs/{args.exp_name}__{args.seed}")
+
+
+def _as_args(cls, saved: dict):
+    """The dataclass `cls` from a config.json "args" dict (JSON lists back to tuples)."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(saved) - fields)
+    require(not unknown, f"config.json has settings this script does not know: {unknown}; it belongs to another "
+                         "script or version")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        config = json.loads(path.read_text())
+        return config if isinstance(config, dict) and isinstance(config.get("args"), dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+@exit_on_config_error
+def parse_args(cls, argv: list[str] | None = None):
+    """The command line as `cls` (tyro). With --resume, every setting not on the command line comes from the run's
+    saved config.json, so `python script.py --resume --run-dir D` is enough."""
+    import tyro
+
+    args = tyro.cli(cls, args=argv)
+    if not args.resume:
+        return args
+    run_dir = default_run_dir(args)
+    config = _read_config(run_dir / "config.json")
+    if config is None:  # RunDir explains what is missing
+        return args
+    saved = dataclasses.replace(_as_args(cls, config["args"]), run_dir=str(run_dir), resume=True)
+    return tyro.cli(cls, args=argv, default=saved)
 
 
 # =====================================================================================================================
@@ -107,39 +208,119 @@ def save_checkpoint(path: Path, state, meta: dict) -> None:
     os.replace(tmp, path)
 
 
+def read_checkpoint_header(path: Path) -> dict | None:
+    """The checkpoint's JSON header ({"step", "seeds", "method"}), or None if the file is empty or not one."""
+    try:
+        with path.open("rb") as f:
+            meta = json.loads(f.readline().decode())
+        return meta if isinstance(meta, dict) and isinstance(meta.get("step"), int) else None
+    except (OSError, ValueError):
+        return None
+
+
 def load_checkpoint(path: Path, skeleton):
-    """(state, meta) from a checkpoint written by save_checkpoint; skeleton gives the structure and shapes."""
+    """(state, meta) from a checkpoint written by save_checkpoint; skeleton gives the structure and shapes.
+    Raises ConfigError (one line) if the file is truncated or holds another run's state."""
     with path.open("rb") as f:
         meta = json.loads(f.readline().decode())
-        return eqx.tree_deserialise_leaves(f, skeleton), meta
+        try:
+            state = eqx.tree_deserialise_leaves(f, skeleton)
+            trailing = f.read(1)
+        except Exception as e:  # equinox raises several types for short or mismatched files
+            raise ConfigError(f"{path} is truncated or holds another run's state ({type(e).__name__}); "
+                              "metrics.csv and eval.csv are untouched") from None
+    require(not trailing, f"{path} is longer than this run's state: it belongs to another run or settings; "
+                          "metrics.csv and eval.csv are untouched")
+    return state, meta
+
+
+# =====================================================================================================================
+# The run directory
+# =====================================================================================================================
+def _run_files(path: Path) -> list[str]:
+    if not path.is_dir():
+        return []
+    return [n for n in RUN_FILES if (path / n).exists()] + sorted(
+        p.name for p in path.iterdir() if p.name.startswith("events.out.tfevents"))
 
 
 class RunDir:
     """A run directory: where a run writes config.json, metrics.csv, eval.csv, checkpoint.eqx and TensorBoard files.
 
-    Opening it checks that a new run does not land on an old one and that --resume finds a checkpoint of a run with
-    the same settings (only --total-timesteps and --track may change)."""
+    Opening it checks everything about the directory before anything is written or compiled: a new run may not land
+    on an old one (unless --overwrite moves the old one aside), and --resume needs a readable config.json and
+    checkpoint of the same method whose settings match, apart from SAFE_TO_CHANGE."""
 
-    def __init__(self, args):
-        self.path = Path(args.run_dir or f"runs/{args.exp_name}__{args.seed}")
+    def __init__(self, args, method: str, total_steps: int):
+        self.path = default_run_dir(args)
         self.checkpoint = self.path / "checkpoint.eqx"
+        self.method, self.start_step, self.resumed_from, self.saved_step = method, 0, None, None
+        require(not self.path.exists() or self.path.is_dir(), f"--run-dir {self.path} is a file; pass a directory")
+        require(not (args.resume and args.overwrite), "--resume and --overwrite exclude each other: pick one")
         if args.resume:
-            require(self.checkpoint.exists(), f"--resume: no checkpoint at {self.checkpoint}; start a run there first")
-            saved = json.loads((self.path / "config.json").read_text())["args"]
-            changed = {k: v for k, v in dataclasses.asdict(args).items()
-                       if k not in ("resume", "total_timesteps", "track") and json.loads(json.dumps(v)) != saved.get(k)}
-            require(not changed, f"--resume: these settings differ from the saved run: {sorted(changed)}; "
-                                 "pass the original values (see config.json)")
+            self._check_resume(args, total_steps)
         else:
-            require(not self.checkpoint.exists(),
-                    f"{self.path} already holds a run; pass --resume to continue it or choose another --run-dir")
-        self.path.mkdir(parents=True, exist_ok=True)
+            found = _run_files(self.path)
+            if found and args.overwrite:
+                aside = self.path.with_name(f"{self.path.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+                require(not aside.exists(), f"--overwrite: {aside} exists already; try again in a second")
+                self.path.rename(aside)
+                print(f"moved the old run in {self.path} aside to {aside}", flush=True)
+            else:
+                require(not found, f"{self.path} already holds a run ({', '.join(found[:5])}"
+                                   f"{', ...' if len(found) > 5 else ''}): pass --resume to continue it, or choose "
+                                   "another --run-dir (--overwrite moves the old run aside)")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--run-dir {self.path} cannot be created ({e.strerror}); pass a writable directory") \
+                from None
+        require(os.access(self.path, os.W_OK | os.X_OK), f"--run-dir {self.path} is not writable; pass a writable "
+                                                          "directory")
         self.args = args
+        self.last_save = time.monotonic()
+
+    def _check_resume(self, args, total_steps: int) -> None:
+        require(self.checkpoint.exists(), f"--resume: no checkpoint at {self.checkpoint} (run files there: "
+                                          f"{', '.join(_run_files(self.path)) or 'none'}); start a run there first")
+        config = _read_config(self.path / "config.json")
+        require(config is not None, f"--resume: {self.path / 'config.json'} is missing or unreadable; the run's "
+                                    "settings are unknown, so it cannot be resumed")
+        saved = config["args"]
+        given = {k: json.loads(json.dumps(v)) for k, v in dataclasses.asdict(args).items()}
+        changed = sorted(k for k in given if k not in NOT_SETTINGS + SAFE_TO_CHANGE and given[k] != saved.get(k))
+        require(not changed, f"--resume: {', '.join(changed)} cannot change in a resumed run (saved: "
+                             f"{', '.join(f'{k}={saved.get(k)!r}' for k in changed)}); only "
+                             f"{', '.join('--' + k.replace('_', '-') for k in SAFE_TO_CHANGE)} may; start a new "
+                             "--run-dir to change the rest")
+        meta = read_checkpoint_header(self.checkpoint)
+        require(meta is not None, f"{self.checkpoint} is empty or not a checkpoint; metrics.csv and eval.csv are "
+                                  "untouched")
+        require(meta.get("method", self.method) == self.method,
+                f"{self.checkpoint} holds a {meta.get('method')} run, not {self.method}; pass its own script")
+        self.config, self.start_step = config, meta["step"]
+        self.saved_step = self.start_step
+        self.resumed_from = {k: saved.get(k) for k in SAFE_TO_CHANGE if given.get(k) != saved.get(k)}
+        if self.start_step >= total_steps:
+            raise NothingToDo(f"{self.path} finished at step {self.start_step:,}, which covers --total-timesteps "
+                          f"{args.total_timesteps:,}: nothing to do (pass a larger --total-timesteps to extend it)")
 
     def write_config(self, config: dict) -> None:
-        """config.json: every resolved argument, package versions and the git commit, plus what the script adds."""
-        config = {"args": dataclasses.asdict(self.args), **config, "versions": versions(), "command": " ".join(sys.argv)}
-        (self.path / "config.json").write_text(json.dumps(config, indent=2))
+        """config.json: every resolved argument, package versions and the git commit, plus what the script adds.
+        On resume: the saved config with the new values of what changed, and one more entry in "resumes"."""
+        args = dataclasses.asdict(self.args)
+        command = " ".join(sys.argv)
+        if self.resumed_from is None:
+            config = {"args": args, **config, "versions": versions(), "command": command}
+        else:
+            config = self.config
+            config["args"] = {**config["args"], **{k: args[k] for k in SAFE_TO_CHANGE if k in args}}
+            config.setdefault("resumes", []).append({
+                "step": self.start_step, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command,
+                "changed": {k: [old, args.get(k)] for k, old in self.resumed_from.items()}, "versions": versions()})
+        tmp = self.path / "config.json.tmp"
+        tmp.write_text(json.dumps(config, indent=2))
+        os.replace(tmp, self.path / "config.json")
 
     def restore(self, skeleton):
         """The checkpoint's state and step; rows logged after the checkpoint are dropped (they will be logged again)."""
@@ -150,7 +331,17 @@ class RunDir:
         return state, meta["step"]
 
     def save(self, state, step: int, seeds: list[int]) -> None:
-        save_checkpoint(self.checkpoint, state, {"step": step, "seeds": seeds})
+        """Write the checkpoint (once per step: a stop right after an evaluation does not write it twice)."""
+        if step != self.saved_step:
+            save_checkpoint(self.checkpoint, state, {"step": step, "seeds": seeds, "method": self.method})
+            self.saved_step, self.last_save = step, time.monotonic()
+
+    def checkpoint_due(self) -> bool:
+        """Whether --checkpoint-minutes of wall time have passed since the last checkpoint."""
+        return time.monotonic() - self.last_save >= 60 * self.args.checkpoint_minutes
+
+    def resume_command(self) -> str:
+        return f"python {Path(sys.argv[0]).name} --resume --run-dir {self.path}"
 
     def open_logs(self, metric_fields: list[str]) -> "RunLogs":
         return RunLogs(self, metric_fields)
@@ -189,3 +380,102 @@ class RunLogs:
 
     def close(self) -> None:
         self.writer.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+# =====================================================================================================================
+# Stopping: Ctrl-C / SIGTERM, and losses that are no longer numbers
+# =====================================================================================================================
+class StopSignals:
+    """While active, the first Ctrl-C or SIGTERM only asks the training loop to stop at the next chunk boundary
+    (it saves a checkpoint and raises Interrupted); a second one kills the process at once (the default action)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __enter__(self):
+        self.received = None
+        self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def _handle(self, signum, frame):
+        self.received = signum
+        for s in self.SIGNALS:
+            signal.signal(s, signal.SIG_DFL)
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        return False
+
+    def stop_if_asked(self, run: RunDir, state, step: int, seeds: list[int]) -> None:
+        """At a chunk boundary: if a signal came, save a checkpoint and stop with the command that resumes."""
+        if self.received is not None:
+            run.save(state, step, seeds)
+            raise Interrupted(f"stopped at step {step:,} ({signal.Signals(self.received).name}); checkpoint saved; "
+                              f"resume with: {run.resume_command()}", self.received)
+
+
+def metric_fields(loss_names: tuple[str, ...], train_tasks: list[str]) -> list[str]:
+    """The columns of metrics.csv: step, seed, sps, ..., the losses, and the training return per train task."""
+    return (["step", "seed", "sps", "sgd_steps", "epsilon", *loss_names, "rss_gb"]
+            + [f"return_train_{w}" for w in train_tasks])
+
+
+def metric_rows(metrics: dict, sgd_steps, seeds: list[int], step: int, sps: float, loss_names: tuple[str, ...],
+                train_tasks: list[str]) -> list[dict]:
+    """metrics.csv rows of every seed from a chunk's metrics [seeds, iterations, ...]: losses average the
+    iterations that learned ("learning" > 0), training returns the episodes that ended in the chunk ("return_sum",
+    "return_count" per train task); "" where there were none."""
+    rows = []
+    for i, seed in enumerate(seeds):
+        m = {k: v[i] for k, v in metrics.items()}
+        learning = m["learning"] > 0
+        row = {"step": step, "seed": seed, "sps": round(sps, 1), "sgd_steps": int(sgd_steps[i]),
+               "epsilon": float(m["epsilon"].mean()), "rss_gb": round(peak_rss_gb(), 2)}
+        for k in loss_names:
+            row[k] = float(m[k][learning].mean()) if learning.any() else ""
+        counts, sums = m["return_count"].sum(0), m["return_sum"].sum(0)
+        for t, w in enumerate(train_tasks):
+            row[f"return_train_{w}"] = float(sums[t] / counts[t]) if counts[t] else ""
+        rows.append(row)
+    return rows
+
+
+def progress_line(rows: list[dict], total_steps: int, eta_seconds: float) -> str:
+    """The progress line of a chunk's metrics rows (one per seed): steps, SPS, ETA, mean train return and loss."""
+    import numpy as np
+
+    returns = [v for r in rows for k, v in r.items() if k.startswith("return_train") and v != ""]
+    loss = [r["loss"] for r in rows if r["loss"] != ""]
+    return (f"step {rows[0]['step']:,}/{total_steps:,} | {rows[0]['sps']:,.0f} SPS | ETA {eta_seconds / 60:.1f} min | "
+            f"train return {f'{np.mean(returns):.2f}' if returns else '-'} | "
+            f"loss {f'{np.mean(loss):.4f}' if loss else '-'} | sgd steps {rows[0]['sgd_steps']:,} | "
+            f"RSS {peak_rss_gb():.1f} GB")
+
+
+def eval_line(rows: list[dict]) -> str:
+    """One line for an evaluation's eval.csv rows: mean train return (no GPI), mean test return (GPI if there)."""
+    import numpy as np
+
+    gpi = max(r["gpi"] for r in rows)
+    train = [r["return_mean"] for r in rows if r["split"] == "train" and r["gpi"] == 0]
+    test = [r["return_mean"] for r in rows if r["split"] == "test" and r["gpi"] == gpi]
+    return (f"eval @ {rows[0]['step']:,}: train return {np.mean(train):.2f}, test return "
+            f"({'GPI' if gpi else 'no GPI'}) {np.mean(test):.2f}")
+
+
+def require_finite(rows: list[dict], names: tuple[str, ...], run: RunDir) -> None:
+    """Stop (keeping the last good checkpoint) if a loss of a metrics row is NaN or infinite."""
+    import math
+
+    for row in rows:
+        for k in names:
+            if row[k] != "" and not math.isfinite(row[k]):
+                raise StopRun(f"step {row['step']:,}: {k} became {row[k]} (seed {row['seed']}); stopped without "
+                              f"saving; {run.checkpoint} keeps the last good state")

@@ -1,0 +1,248 @@
+"""Runs that never lose work (run plumbing in common/run.py, driven by each script's main): Ctrl-C and resume give
+the uninterrupted run's results, a used run directory is refused, a moved run resumes from its saved settings, a
+finished run is left alone, bad input gets one line and exit status 2 before anything is written or compiled, and a
+NaN stops the run keeping the last good checkpoint."""
+
+import csv
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+
+import msfa_babyai as msfa
+import uvfa
+from common.run import parse_args
+from helpers import TINY_MSFA, TINY_UVFA
+
+ROOT = Path(__file__).resolve().parent.parent
+SHORT = TINY_MSFA | dict(total_timesteps=128, log_every=64, eval_every=64)
+FLAGS = ["--num-envs", "4", "--sequence-period", "8", "--sequence-length", "9", "--replay-size", "64",
+         "--min-replay-size", "8", "--batch-size", "4", "--samples-per-insert", "2.0", "--target-update-period", "3",
+         "--eval-episodes", "2", "--num-modules", "2", "--module-size", "16", "--attention-heads", "1",
+         "--psi-hidden", "8", "--phi-hidden", "8"]
+
+
+def read(path: Path, drop=("sps", "rss_gb")):
+    with path.open() as f:
+        return [{k: v for k, v in row.items() if k not in drop} for row in csv.DictReader(f)]
+
+
+def digests(path: Path) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.iterdir()) if p.is_file()}
+
+
+def one_line_exit(capsys, fn, code=2) -> str:
+    """Run fn, expecting SystemExit(code) and exactly one line on stderr (no traceback); return the line."""
+    with pytest.raises(SystemExit) as exit_info:
+        fn()
+    assert exit_info.value.code == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished tiny MSFA run of 128 steps (2 chunks, evaluated at 64 and 128)."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    msfa.main(msfa.Args(**(SHORT | dict(run_dir=str(run_dir)))))
+    return run_dir
+
+
+# ------------------------------------------------------------------------------------------ Ctrl-C, then resume
+def test_sigint_at_a_random_moment_then_resume_gives_the_uninterrupted_run(tmp_path):
+    total = ["--total-timesteps", str(64 * 150), "--log-every", "64", "--eval-every", "100000", "--seed", "5"]
+    env = os.environ | {"JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(), "msfa-jax-test-xla-cache"),
+                        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1", "PYTHONPATH": str(ROOT)}
+    run_dir = tmp_path / "interrupted"
+    command = [sys.executable, "msfa_babyai.py", *FLAGS, *total, "--run-dir", str(run_dir)]
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600
+    while not (run_dir / "metrics.csv").exists() or len((run_dir / "metrics.csv").read_text().splitlines()) < 2:
+        assert process.poll() is None and time.time() < deadline, process.communicate()
+        time.sleep(0.05)
+    delay = random.Random().uniform(0.0, 1.0)  # a random moment after the first chunk
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 128 + signal.SIGINT, (delay, out[-2000:], err[-2000:])
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.strip().endswith(f"resume with: python msfa_babyai.py --resume --run-dir {run_dir}"), err
+    stopped_at = json.loads((run_dir / "checkpoint.eqx").open("rb").readline())["step"]
+    assert 64 <= stopped_at < 64 * 150
+
+    resumed = subprocess.run([sys.executable, "msfa_babyai.py", "--resume", "--run-dir", str(run_dir)], cwd=ROOT,
+                             env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed {run_dir} at step {stopped_at:,}" in resumed.stdout
+
+    whole = tmp_path / "whole"
+    msfa.main(parse_args(msfa.Args, [*FLAGS, *total, "--run-dir", str(whole)]))
+    assert read(run_dir / "metrics.csv") == read(whole / "metrics.csv")
+    assert read(run_dir / "eval.csv") == read(whole / "eval.csv")
+    config = json.loads((run_dir / "config.json").read_text())
+    assert [r["step"] for r in config["resumes"]] == [stopped_at]
+
+
+# ------------------------------------------------------------------------------------ never mix two runs
+def test_a_second_run_into_a_used_directory_is_refused_and_leaves_it_untouched(finished, capsys):
+    before = digests(finished)
+    line = one_line_exit(capsys, lambda: msfa.main(msfa.Args(**(SHORT | dict(run_dir=str(finished), seed=9)))))
+    assert "already holds a run" in line and "config.json" in line and "--resume" in line and "--run-dir" in line
+    assert digests(finished) == before
+
+
+def test_a_half_written_directory_is_refused_too(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.csv").write_text("step,seed\n64,1\n")  # a run that died before its first checkpoint
+    line = one_line_exit(capsys, lambda: msfa.main(msfa.Args(**(SHORT | dict(run_dir=str(run_dir))))))
+    assert "already holds a run (metrics.csv)" in line
+    assert (run_dir / "metrics.csv").read_text() == "step,seed\n64,1\n"
+
+
+def test_overwrite_moves_the_old_run_aside(finished, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    before = digests(run_dir)
+    msfa.main(msfa.Args(**(SHORT | dict(run_dir=str(run_dir), total_timesteps=64, overwrite=True))))
+    [aside] = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert digests(aside) == before
+    assert [r["step"] for r in read(run_dir / "metrics.csv")] == ["64"]
+
+
+# ---------------------------------------------------------------------------------------------- resuming
+def test_a_moved_run_resumes_from_its_saved_settings_alone(finished, tmp_path):
+    """Stop at 64, move the directory, resume with --resume --run-dir only (extending to 128): same as finished."""
+    first = tmp_path / "first"
+    msfa.main(msfa.Args(**(SHORT | dict(run_dir=str(first), total_timesteps=64))))
+    moved = tmp_path / "elsewhere" / "moved"
+    moved.parent.mkdir()
+    first.rename(moved)
+    msfa.main(parse_args(msfa.Args, ["--resume", "--run-dir", str(moved), "--total-timesteps", "128"]))
+    assert read(moved / "metrics.csv") == read(finished / "metrics.csv")
+    assert read(moved / "eval.csv") == read(finished / "eval.csv")
+    config = json.loads((moved / "config.json").read_text())
+    assert config["args"]["total_timesteps"] == 128  # extended, and recorded
+    assert config["resumes"][0]["step"] == 64 and config["resumes"][0]["changed"] == {"total_timesteps": [64, 128]}
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(finished, capsys):
+    before = digests(finished)
+    line = one_line_exit(capsys, lambda: msfa.main(parse_args(msfa.Args, ["--resume", "--run-dir", str(finished)])),
+                         code=0)
+    assert "finished at step 128" in line and "--total-timesteps" in line
+    assert digests(finished) == before
+
+
+def test_resume_refuses_a_changed_setting_that_is_not_safe_to_change(finished, capsys):
+    before = digests(finished)
+    line = one_line_exit(capsys, lambda: msfa.main(parse_args(
+        msfa.Args, ["--resume", "--run-dir", str(finished), "--learning-rate", "0.01", "--total-timesteps", "256"])))
+    assert "learning_rate cannot change in a resumed run" in line and "--total-timesteps" in line
+    assert digests(finished) == before
+
+
+# ---------------------------------------------------------------------------------------------------- bad input
+def checkpoint_variants(finished: Path, tmp_path: Path):
+    def copy_with(name, mutate):
+        d = tmp_path / name
+        shutil.copytree(finished, d)
+        mutate(d / "checkpoint.eqx")
+        return d
+
+    data = (finished / "checkpoint.eqx").read_bytes()
+    return {
+        "missing": (copy_with("missing", os.remove), "no checkpoint"),
+        "empty": (copy_with("empty", lambda p: p.write_bytes(b"")), "is empty or not a checkpoint"),
+        "truncated": (copy_with("truncated", lambda p: p.write_bytes(data[: len(data) // 2])), "is truncated"),
+        "longer": (copy_with("longer", lambda p: p.write_bytes(data + b"\0" * 64)), "is longer than this run"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "truncated", "longer"])
+def test_a_broken_checkpoint_gets_one_line_and_the_csvs_are_untouched(case, finished, tmp_path, capsys):
+    run_dir, message = checkpoint_variants(finished, tmp_path)[case]
+    before = digests(run_dir)
+    line = one_line_exit(capsys, lambda: msfa.main(parse_args(
+        msfa.Args, ["--resume", "--run-dir", str(run_dir), "--total-timesteps", "256"])))
+    assert message in line, line
+    assert digests(run_dir) == before
+
+
+def test_another_methods_checkpoint_is_refused(finished, capsys):
+    args = ["--resume", "--run-dir", str(finished), "--total-timesteps", "256"]
+    line = one_line_exit(capsys, lambda: uvfa.main(parse_args(uvfa.Args, args)))
+    assert "config.json has settings this script does not know" in line
+
+
+def file_valued(tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    return str(tmp_path / "a_file")
+
+
+BAD = {  # settings -> message; each must stop before anything is written
+    "run dir is a file": (lambda t: dict(run_dir=file_valued(t)), "is a file"),
+    "run dir under a file": (lambda t: dict(run_dir=file_valued(t) + "/run"), "cannot be created"),
+    "replay smaller than an insert": (lambda t: dict(replay_size=8, min_replay_size=4, num_envs=16),
+                                      "--replay-size must hold one insert of --num-envs"),
+    "batch larger than min replay": (lambda t: dict(batch_size=16), "--min-replay-size must be at least --batch-size"),
+    "negative learning rate": (lambda t: dict(learning_rate=-1.0), "--learning-rate must be positive"),
+    "zero adam eps": (lambda t: dict(adam_eps=0.0), "--adam-eps must be positive"),
+    "gamma above 1": (lambda t: dict(gamma=1.01), "--gamma must be in (0, 1]"),
+    "gamma zero": (lambda t: dict(gamma=0.0), "--gamma must be in (0, 1]"),
+    "negative coefficient": (lambda t: dict(phi_coeff=-1.0), "--phi-coeff must not be negative"),
+    "priority weight above 1": (lambda t: dict(max_priority_weight=2.0), "--max-priority-weight must be in [0, 1]"),
+    "zero checkpoint minutes": (lambda t: dict(checkpoint_minutes=0.0), "--checkpoint-minutes must be positive"),
+    "resume and overwrite": (lambda t: dict(resume=True, overwrite=True), "exclude each other"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_gets_one_line_and_writes_nothing(case, tmp_path, capsys):
+    make, message = BAD[case]
+    overrides = {"run_dir": str(tmp_path / "run")} | make(tmp_path)
+    line = one_line_exit(capsys, lambda: msfa.main(msfa.Args(**(SHORT | overrides))))
+    assert message in line, line
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_input_on_the_command_line_gets_one_line(tmp_path, capsys):
+    line = one_line_exit(capsys, lambda: msfa.main(parse_args(
+        msfa.Args, [*FLAGS, "--learning-rate", "-1", "--run-dir", str(tmp_path / "run")])))
+    assert line == "error: --learning-rate must be positive, got -1.0"
+
+
+# ------------------------------------------------------------------------------- NaN, and checkpoints by time
+def test_a_nan_stops_the_run_and_keeps_the_last_good_checkpoint_written_by_time(tmp_path, capsys, monkeypatch):
+    """From the third SGD step on, the parameters and the loss turn NaN (planted). The first chunk (64 steps) is good
+    and, with --checkpoint-minutes ~ 0, checkpointed by time (no evaluation before the end); the second chunk shows
+    the NaN: the run stops with one line naming the step and the loss, and keeps the checkpoint of step 64."""
+    import jax
+
+    original = msfa.sgd_step
+
+    def poisoned(setup, args, state, key):
+        new_state, metrics = original(setup, args, state, key)
+        poison = jnp.where(state.sgd_steps >= 2, jnp.nan, 0.0)
+        params = jax.tree.map(lambda p: p + poison, new_state.params)
+        return new_state._replace(params=params), metrics | {"loss": metrics["loss"] + poison}
+
+    monkeypatch.setattr(msfa, "sgd_step", poisoned)
+    run_dir = tmp_path / "run"
+    line = one_line_exit(capsys, lambda: msfa.main(msfa.Args(**(SHORT | dict(
+        run_dir=str(run_dir), total_timesteps=256, eval_every=10_000, checkpoint_minutes=1e-9)))), code=1)
+    assert line.startswith("error: step 128: loss became nan (seed 1)") and "last good state" in line, line
+    assert json.loads((run_dir / "checkpoint.eqx").open("rb").readline())["step"] == 64
+    assert read(run_dir / "eval.csv") == []  # so the checkpoint of step 64 was written by time
+    assert [r["step"] for r in read(run_dir / "metrics.csv")] == ["64", "128"]
