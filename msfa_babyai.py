@@ -37,7 +37,7 @@ from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector
 from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, parse_args, metric_fields,
                         metric_rows, progress_line, require, require_finite, require_fraction, require_non_negative,
-                        require_positive)
+                        require_positive, shard_seeds)
 
 
 # =====================================================================================================================
@@ -75,6 +75,11 @@ class Args:
     """start anew in a --run-dir that holds a run, moving the old one aside to <run-dir>.replaced-<time>"""
     checkpoint_minutes: float = 10.0
     """minutes of wall time between checkpoints (also written at every evaluation and on Ctrl-C)"""
+    checkpoint: bool = True
+    """write checkpoint.eqx (replay included: ~1 GB per seed at the paper's size) so that the run can be resumed;
+    --no-checkpoint writes only the small per-seed parameter files"""
+    max_minutes: float | None = None
+    """stop after this many minutes of wall time (compilation included), evaluating and saving first"""
     truncate_task_input: bool = False
     """feed int32(w) to the agent as the original code did ([1,1,.5,.5] became [1,1,0,0]); rewards use float w"""
 
@@ -145,6 +150,7 @@ def check_args(args: Args) -> None:
                      "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
                      "num_modules", "attention_heads", "projection_dim", "learning_rate", "adam_eps", "max_grad_norm",
                      "checkpoint_minutes", "epsilon_base", "samples_per_insert")
+    require(args.max_minutes is None or args.max_minutes > 0, f"--max-minutes must be positive, got {args.max_minutes}")
     require_non_negative(args, "q_coeff", "sf_coeff", "phi_coeff", "seed", "importance_exponent")
     require(all(x > 0 for x in args.psi_hidden + args.phi_hidden), "--psi-hidden and --phi-hidden sizes must be "
                                                                    "positive")
@@ -589,8 +595,9 @@ EVAL_TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])
 TRAIN_TASK_NAMES = [format_task(w) for w in TRAIN_TASKS]
 
 
-def make_evaluate(setup: Setup, args: Args):
-    """A jitted evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params."""
+def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
+    """A jitted evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params, on the train
+    and test tasks (or any task vectors: results/evaluate.py)."""
     env = setup.env
     policies = jnp.asarray(TRAIN_TASKS)
 
@@ -612,7 +619,7 @@ def make_evaluate(setup: Setup, args: Args):
         _, rewards = jax.lax.scan(step, carry0, jax.random.split(key_run, env_params.max_steps_in_episode))
         return rewards.sum()
 
-    tasks = jnp.asarray(EVAL_TASKS)
+    tasks = jnp.asarray(tasks)
 
     @jax.jit
     def evaluate(params, key):
@@ -659,6 +666,7 @@ def main(args: Args) -> None:
     print(f"{method_name(args)} network: {num_params:,} parameters (paper: {paper})", flush=True)
     if args.resume:
         state, _ = run.restore(state)
+    state = shard_seeds(state, args.num_seeds)  # seeds in parallel over the local devices, if there are several
     run.write_config({"method": method_name(args), "num_params": num_params,
                       "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
     chunk_iterations = max(1, args.log_every // per_iteration)
@@ -684,15 +692,20 @@ def main(args: Args) -> None:
             require_finite(rows, LOSS_NAMES, run)  # stops on NaN/inf, keeping the last good checkpoint
             eta = (time.time() - start_time) / (iteration - start_iteration) * (total_iterations - iteration)
             print(progress_line(rows, total_steps, eta), flush=True)
-            if iteration >= next_eval or iteration >= total_iterations:
+            last = iteration >= total_iterations or run.out_of_time()
+            if iteration >= next_eval or last:
                 rows = eval_rows(evaluate, state.params, seeds, step)
                 logs.write_eval(rows)
                 print(eval_line(rows), flush=True)
                 next_eval += eval_every_iterations
+                run.save_params(state.params, step, seeds)
                 run.save(state, step, seeds)
             elif run.checkpoint_due():
                 run.save(state, step, seeds)
             signals.stop_if_asked(run, state, step, seeds)  # Ctrl-C / SIGTERM: checkpoint, then one line and exit
+            if last and iteration < total_iterations:
+                print(f"stopped by --max-minutes at step {step:,} of {total_steps:,}", flush=True)
+                break
 
 
 if __name__ == "__main__":

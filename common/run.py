@@ -30,8 +30,8 @@ import equinox as eqx
 EVAL_FIELDS = ["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"]
 """the columns of eval.csv (a contract: results/ and other tools read them)"""
 RUN_FILES = ("config.json", "metrics.csv", "eval.csv", "checkpoint.eqx")
-SAFE_TO_CHANGE = ("total_timesteps", "eval_every", "log_every", "track", "checkpoint_minutes", "wandb_project_name",
-                  "wandb_entity")
+SAFE_TO_CHANGE = ("total_timesteps", "eval_every", "log_every", "track", "checkpoint_minutes", "checkpoint",
+                  "max_minutes", "wandb_project_name", "wandb_entity")
 """settings a resumed run may change: they decide how long it runs and what it records, not what it learns"""
 NOT_SETTINGS = ("run_dir", "resume", "overwrite")
 """arguments that say where and how to start, not what the run is"""
@@ -278,7 +278,7 @@ class RunDir:
         require(os.access(self.path, os.W_OK | os.X_OK), f"--run-dir {self.path} is not writable; pass a writable "
                                                           "directory")
         self.args = args
-        self.last_save = time.monotonic()
+        self.opened = self.last_save = time.monotonic()
 
     def _check_resume(self, args, total_steps: int) -> None:
         require(self.checkpoint.exists(), f"--resume: no checkpoint at {self.checkpoint} (run files there: "
@@ -331,10 +331,26 @@ class RunDir:
         return state, meta["step"]
 
     def save(self, state, step: int, seeds: list[int]) -> None:
-        """Write the checkpoint (once per step: a stop right after an evaluation does not write it twice)."""
-        if step != self.saved_step:
+        """Write the checkpoint (once per step: a stop right after an evaluation does not write it twice; never with
+        --no-checkpoint)."""
+        if self.args.checkpoint and step != self.saved_step:
             save_checkpoint(self.checkpoint, state, {"step": step, "seeds": seeds, "method": self.method})
             self.saved_step, self.last_save = step, time.monotonic()
+
+    def save_params(self, params, step: int, seeds: list[int]) -> None:
+        """params_seed<N>.eqx for every seed: the online parameters alone (a few MB; what analysis reads and what a
+        GPU machine can bring back), with a JSON header holding the step, the seed, the method and the run's
+        arguments, from which a script rebuilds the network to load them into. Only the latest are kept."""
+        import jax
+
+        header = {"step": step, "method": self.method, "args": dataclasses.asdict(self.args)}
+        for i, seed in enumerate(seeds):
+            save_checkpoint(self.path / f"params_seed{seed}.eqx", jax.tree.map(lambda x: x[i], params),
+                            header | {"seed": seed})
+
+    def out_of_time(self) -> bool:
+        """Whether --max-minutes of wall time have passed since the run started (compilation included)."""
+        return self.args.max_minutes is not None and time.monotonic() - self.opened >= 60 * self.args.max_minutes
 
     def checkpoint_due(self) -> bool:
         """Whether --checkpoint-minutes of wall time have passed since the last checkpoint."""
@@ -389,6 +405,22 @@ class RunLogs:
         return False
 
 
+def shard_seeds(state, num_seeds: int):
+    """Spread the leading (seed) axis of every leaf of `state` over the local devices (several GPUs, or CPU cores
+    with XLA_FLAGS=--xla_force_host_platform_device_count=N), so that seeds train in parallel; within a device they
+    stay vmapped. Uses the most devices that divide num_seeds; one device: unchanged."""
+    import jax
+    import numpy as np
+
+    devices = jax.local_devices()
+    count = max(d for d in range(1, len(devices) + 1) if num_seeds % d == 0)
+    if count == 1:
+        return state
+    mesh = jax.sharding.Mesh(np.asarray(devices[:count]), ("seed",))
+    print(f"{num_seeds} seeds over {count} devices", flush=True)
+    return jax.device_put(state, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seed")))
+
+
 # =====================================================================================================================
 # Stopping: Ctrl-C / SIGTERM, and losses that are no longer numbers
 # =====================================================================================================================
@@ -416,9 +448,13 @@ class StopSignals:
     def stop_if_asked(self, run: RunDir, state, step: int, seeds: list[int]) -> None:
         """At a chunk boundary: if a signal came, save a checkpoint and stop with the command that resumes."""
         if self.received is not None:
+            name = signal.Signals(self.received).name
+            if not run.args.checkpoint:
+                raise Interrupted(f"stopped at step {step:,} ({name}); --no-checkpoint: nothing to resume from",
+                                  self.received)
             run.save(state, step, seeds)
-            raise Interrupted(f"stopped at step {step:,} ({signal.Signals(self.received).name}); checkpoint saved; "
-                              f"resume with: {run.resume_command()}", self.received)
+            raise Interrupted(f"stopped at step {step:,} ({name}); checkpoint saved; resume with: "
+                              f"{run.resume_command()}", self.received)
 
 
 def metric_fields(loss_names: tuple[str, ...], train_tasks: list[str]) -> list[str]:

@@ -22,7 +22,7 @@ import pytest
 import msfa_babyai as msfa
 import uvfa
 from common.run import parse_args
-from helpers import TINY_MSFA, TINY_UVFA
+from helpers import TINY_MSFA
 
 ROOT = Path(__file__).resolve().parent.parent
 SHORT = TINY_MSFA | dict(total_timesteps=128, log_every=64, eval_every=64)
@@ -246,3 +246,34 @@ def test_a_nan_stops_the_run_and_keeps_the_last_good_checkpoint_written_by_time(
     assert json.loads((run_dir / "checkpoint.eqx").open("rb").readline())["step"] == 64
     assert read(run_dir / "eval.csv") == []  # so the checkpoint of step 64 was written by time
     assert [r["step"] for r in read(run_dir / "metrics.csv")] == ["64", "128"]
+
+
+# ------------------------------------------------------------------------ saved agents (results/evaluate.py)
+def test_a_saved_agent_evaluates_on_any_task_and_reproduces_its_runs_evaluation(finished, capsys, tmp_path):
+    from results import evaluate
+
+    assert sorted(p.name for p in finished.glob("params_seed*.eqx")) == ["params_seed1.eqx"]
+    assert (finished / "params_seed1.eqx").stat().st_size < 16 * 2**20
+    # the run's own evaluation at step 128 used the key 10000 + 128: the same seed gives the same rows
+    evaluate.main(evaluate.Args(run_dir=str(finished), tasks="train;test", episodes=2, seed=10_128,
+                                out=str(tmp_path / "again.csv")))
+    last = [r for r in read(finished / "eval.csv") if r["step"] == "128"]
+    assert read(tmp_path / "again.csv") == last
+    # any task vector, GPI off only
+    evaluate.main(evaluate.Args(run_dir=str(finished), tasks="1,1,0,0;-1,1,-1,1", episodes=3, gpi="off"))
+    rows = list(csv.DictReader(capsys.readouterr().out.splitlines()))
+    assert [(r["task"], r["gpi"], r["episodes"], r["split"]) for r in rows] == [
+        ("1,1,0,0", "0", "3", "test"), ("-1,1,-1,1", "0", "3", "test")]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(tasks="1,1,0"), "has 3 weights"),
+    (dict(tasks="1,a,0,0"), "is not a task vector"),
+    (dict(gpi="maybe"), "--gpi must be both, on or off"),
+    (dict(run_dir="/nonexistent"), "no params_seed<N>.eqx"),
+])
+def test_evaluate_bad_input_gets_one_line(overrides, message, finished, capsys):
+    from results import evaluate
+
+    line = one_line_exit(capsys, lambda: evaluate.main(evaluate.Args(**({"run_dir": str(finished)} | overrides))))
+    assert message in line, line

@@ -1,0 +1,125 @@
+"""Greedy returns of a saved agent on any task vectors, with and without GPI, per seed, as eval.csv rows.
+
+    python -m results.evaluate RUN_DIR --tasks "1,1,0,0;-1,1,-1,1" --episodes 40 [--gpi both|on|off] [--out FILE]
+
+Reads the run's small parameter files (params_seed<N>.eqx, written at every evaluation: the online parameters of
+seed N and, in their header, the step, the method and the run's arguments), rebuilds each seed's network with the
+script that trained it, and runs that script's own evaluation on the given tasks. Rows go to stdout (or --out) in
+eval.csv's format: step, seed, split, task, gpi, episodes, return_mean, return_std.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import importlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import numpy as np
+import tyro
+
+from common.babyai import TRAIN_TASKS, format_task
+from common.run import EVAL_FIELDS, ConfigError, exit_on_config_error, require
+
+SCRIPTS = {"MSFA": "msfa_babyai", "USFA": "usfa", "UVFA": "uvfa", "UVFA-FARM": "uvfa", "MVFA": "uvfa"}
+
+
+@dataclass
+class Args:
+    run_dir: tyro.conf.Positional[str]
+    """a run directory holding params_seed<N>.eqx files"""
+    tasks: str = "train;test"
+    """task vectors separated by ';', each comma-separated weights (e.g. "1,1,0,0;-1,1,-1,1"), or train/test"""
+    episodes: int = 40
+    """greedy episodes per task, seed and GPI setting"""
+    gpi: str = "both"
+    """both, on (GPI over the train tasks) or off (act on w); methods without GPI have off only"""
+    seed: int = 0
+    """seed of the evaluation episodes (a run's own evaluation at step S used 10000 + S)"""
+    out: str | None = None
+    """write the rows to this CSV file instead of stdout"""
+
+
+def parse_tasks(text: str) -> np.ndarray:
+    """"1,0,0,0;train" -> the task matrix [n, 4]; 'train'/'test' stand for the paper's task sets."""
+    from common.babyai import TEST_TASKS
+
+    rows = []
+    for part in text.split(";"):
+        part = part.strip()
+        if part in ("train", "test"):
+            rows.extend(TRAIN_TASKS if part == "train" else TEST_TASKS)
+            continue
+        try:
+            w = [float(x) for x in part.split(",")]
+        except ValueError:
+            raise ConfigError(f"--tasks: {part!r} is not a task vector; write comma-separated numbers, tasks "
+                              "separated by ';', e.g. \"1,1,0,0;-1,1,-1,1\"") from None
+        require(len(w) == TRAIN_TASKS.shape[1], f"--tasks: {part!r} has {len(w)} weights; a task has "
+                                                f"{TRAIN_TASKS.shape[1]} (one per object category)")
+        rows.append(w)
+    return np.asarray(rows, np.float32)
+
+
+def load_agent(path: Path):
+    """(script module, its Args, the seed's online params, header) from a params_seed<N>.eqx file."""
+    with path.open("rb") as f:
+        try:
+            header = json.loads(f.readline().decode())
+        except ValueError:
+            raise ConfigError(f"{path} is not a parameter file (no JSON header)") from None
+        family = str(header.get("method", "")).split(" ")[0]  # "MSFA (entangled psi)" -> "MSFA"
+        require(family in SCRIPTS, f"{path}: unknown method {header.get('method')!r}")
+        script = importlib.import_module(SCRIPTS[family])
+        fields = {f.name for f in dataclasses.fields(script.Args)}
+        args = script.Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in header["args"].items()
+                              if k in fields})
+        skeleton, _ = eqx.partition(script.make_network(args, jax.random.PRNGKey(0)), eqx.is_inexact_array)
+        try:
+            params = eqx.tree_deserialise_leaves(f, skeleton)
+        except Exception as e:  # equinox raises several types for short or mismatched files
+            raise ConfigError(f"{path} is truncated or does not match its header's network ({type(e).__name__})") \
+                from None
+    return script, args, params, header
+
+
+@exit_on_config_error
+def main(args: Args) -> None:
+    run_dir = Path(args.run_dir)
+    files = sorted(run_dir.glob("params_seed*.eqx"), key=lambda p: int(p.stem.split("seed")[1]))
+    require(files, f"no params_seed<N>.eqx in {run_dir}; pass a run directory that has evaluated at least once")
+    require(args.gpi in ("both", "on", "off"), f"--gpi must be both, on or off, got {args.gpi!r}")
+    require(args.episodes > 0, f"--episodes must be positive, got {args.episodes}")
+    tasks = parse_tasks(args.tasks)
+    train = {format_task(w) for w in TRAIN_TASKS}
+    rows = []
+    for path in files:
+        script, run_args, params, header = load_agent(path)
+        settings = [g for g in script.GPI_SETTINGS if args.gpi == "both" or g == (args.gpi == "on")]
+        require(settings, f"{header['method']} has no GPI: use --gpi off or both")
+        run_args = dataclasses.replace(run_args, eval_episodes=args.episodes)
+        evaluate = script.make_evaluate(script.make_setup(run_args), run_args, tasks)
+        returns = np.asarray(evaluate(params, jax.random.fold_in(jax.random.PRNGKey(args.seed), header["seed"])))
+        for g_index, g in enumerate(script.GPI_SETTINGS):
+            if g not in settings:
+                continue
+            for w, r in zip(tasks, returns[g_index]):
+                rows.append({"step": header["step"], "seed": header["seed"],
+                             "split": "train" if format_task(w) in train else "test", "task": format_task(w),
+                             "gpi": g, "episodes": len(r), "return_mean": float(r.mean()),
+                             "return_std": float(r.std())})
+    out = open(args.out, "w", newline="") if args.out else sys.stdout
+    writer = csv.DictWriter(out, EVAL_FIELDS)
+    writer.writeheader()
+    writer.writerows(rows)
+    if args.out:
+        out.close()
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

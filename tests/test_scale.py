@@ -1,0 +1,87 @@
+"""Paper scale: seeds spread over several devices give the single-device results, and the prepared GPU command
+(results/babyai/gpu_run.sh) runs end to end here on a tiny budget, stops inside it, and leaves only what can come
+back from a lent GPU (at most 8 files of at most 16 MiB)."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import msfa_babyai as msfa
+from common.run import parse_args
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["--num-envs", "4", "--sequence-period", "8", "--sequence-length", "9", "--replay-size", "64",
+        "--min-replay-size", "8", "--batch-size", "4", "--samples-per-insert", "2.0", "--target-update-period", "3",
+        "--eval-episodes", "2"]
+SMALL_NET = ["--num-modules", "2", "--module-size", "16", "--attention-heads", "1", "--psi-hidden", "8",
+             "--phi-hidden", "8"]
+CACHE = {"JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(), "msfa-jax-test-xla-cache"),
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1"}
+
+
+def read(path: Path):
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_seeds_over_two_devices_give_the_single_device_results(tmp_path):
+    flags = [*TINY, *SMALL_NET, "--seed", "3", "--num-seeds", "2", "--total-timesteps", "128", "--log-every", "64",
+             "--eval-every", "64"]
+    two = subprocess.run([sys.executable, "msfa_babyai.py", *flags, "--run-dir", str(tmp_path / "two")], cwd=ROOT,
+                         env=os.environ | CACHE | {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+                         capture_output=True, text=True, timeout=900)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "2 seeds over 2 devices" in two.stdout
+    msfa.main(parse_args(msfa.Args, [*flags, "--run-dir", str(tmp_path / "one")]))
+    one_metrics, two_metrics = read(tmp_path / "one" / "metrics.csv"), read(tmp_path / "two" / "metrics.csv")
+    assert [(r["step"], r["seed"], r["sgd_steps"]) for r in one_metrics] == \
+           [(r["step"], r["seed"], r["sgd_steps"]) for r in two_metrics]
+    for name in ("loss", "loss_q", "loss_psi", "loss_phi", "q_mean", "grad_norm", "epsilon"):
+        a = [float(r[name]) for r in one_metrics if r[name]]
+        b = [float(r[name]) for r in two_metrics if r[name]]
+        np.testing.assert_allclose(a, b, rtol=1e-5, err_msg=name)  # partitioned reductions may round differently
+    assert read(tmp_path / "one" / "eval.csv") == read(tmp_path / "two" / "eval.csv")
+
+
+METHODS = ["msfa", "msfa_entangled_psi", "msfa_entangled_phi"]  # one script, so that the tiny network flags fit all
+
+
+def test_gpu_run_trains_in_priority_order_within_its_budget_and_leaves_what_can_come_back(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    extra = " ".join([*TINY, *SMALL_NET, "--total-timesteps", "128", "--log-every", "64", "--eval-every", "64"])
+    budget = 150
+    start = time.time()
+    done = subprocess.run(
+        ["bash", "results/babyai/gpu_run.sh", str(budget), str(out), "--num-seeds", "2", f"--extra={extra}",
+         "--work-dir", str(work), "--methods", *METHODS, "--reserve-seconds", "30",
+         "--min-run-seconds", "30"],
+        cwd=ROOT, env=os.environ | CACHE | {"PYTHON": sys.executable}, capture_output=True, text=True,
+        timeout=budget + 120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert time.time() - start <= budget + 5  # interpreter start-up aside, it stops inside its budget
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    assert 2 <= len(files) <= 8 and all(p.stat().st_size <= 16 * 2**20 for p in files), files
+    assert all(p.parent == out for p in files)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_seeds"] == 2 and "cpu" in summary["device"]
+    for name in METHODS[:2]:  # the first two run side by side and finish this tiny protocol
+        assert summary[name]["exit_status"] == 0 and summary[name]["share_of_protocol"] == 1.0, summary[name]
+        assert summary[name]["params_seeds"] == [1, 2]
+    with tarfile.open(out / "results.tar.gz") as tar:
+        names = set(tar.getnames())
+    started = [m for m in METHODS if m in summary]
+    assert started == METHODS[:len(started)]  # in the order given
+    assert {f"{m}/{f}" for m in started for f in ("config.json", "metrics.csv", "eval.csv", "train.log")} <= names
+    with tarfile.open(out / "params_msfa.tar.gz") as tar:
+        assert sorted(tar.getnames()) == ["msfa/params_seed1.eqx", "msfa/params_seed2.eqx"]
+        header = json.loads(tar.extractfile("msfa/params_seed2.eqx").readline())
+    assert header["seed"] == 2 and header["step"] == 128 and header["method"] == "MSFA"
+    assert not (work / "msfa" / "checkpoint.eqx").exists()  # --no-checkpoint: no replay-sized files
