@@ -300,10 +300,10 @@ class RunDir:
                 f"{self.checkpoint} holds a {meta.get('method')} run, not {self.method}; pass its own script")
         self.config, self.start_step = config, meta["step"]
         self.saved_step = self.start_step
-        self.resumed_from = {k: saved.get(k) for k in SAFE_TO_CHANGE if given.get(k) != saved.get(k)}
+        self.resumed_from = {k: saved.get(k) for k in SAFE_TO_CHANGE + ("run_dir",) if given.get(k) != saved.get(k)}
         if self.start_step >= total_steps:
             raise NothingToDo(f"{self.path} finished at step {self.start_step:,}, which covers --total-timesteps "
-                          f"{args.total_timesteps:,}: nothing to do (pass a larger --total-timesteps to extend it)")
+                              f"{args.total_timesteps:,}: nothing to do (pass a larger --total-timesteps to extend it)")
 
     def write_config(self, config: dict) -> None:
         """config.json: every resolved argument, package versions and the git commit, plus what the script adds.
@@ -314,7 +314,7 @@ class RunDir:
             config = {"args": args, **config, "versions": versions(), "command": command}
         else:
             config = self.config
-            config["args"] = {**config["args"], **{k: args[k] for k in SAFE_TO_CHANGE if k in args}}
+            config["args"] = {**config["args"], **{k: args[k] for k in self.resumed_from}}  # run_dir: where it is now
             config.setdefault("resumes", []).append({
                 "step": self.start_step, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command,
                 "changed": {k: [old, args.get(k)] for k, old in self.resumed_from.items()}, "versions": versions()})

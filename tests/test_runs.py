@@ -134,7 +134,9 @@ def test_a_moved_run_resumes_from_its_saved_settings_alone(finished, tmp_path):
     assert read(moved / "eval.csv") == read(finished / "eval.csv")
     config = json.loads((moved / "config.json").read_text())
     assert config["args"]["total_timesteps"] == 128  # extended, and recorded
-    assert config["resumes"][0]["step"] == 64 and config["resumes"][0]["changed"] == {"total_timesteps": [64, 128]}
+    assert config["resumes"][0]["step"] == 64 and config["resumes"][0]["changed"] == {
+        "total_timesteps": [64, 128], "run_dir": [str(first), str(moved)]}
+    assert config["args"]["run_dir"] == str(moved)
 
 
 def test_resuming_a_finished_run_says_so_and_changes_nothing(finished, capsys):
