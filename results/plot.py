@@ -1,0 +1,129 @@
+"""Figures of runs' evaluations (PNG, matplotlib): learning curves, and per-test-task returns next to references.
+
+    python -m results.plot results/babyai/comparison/* --out results/babyai/figures [--reference-episodes 100]
+
+- learning_curves.png: mean greedy return over the train tasks (without GPI) and over the test tasks (with GPI where
+  the method has it) against env steps, per method: the mean over seeds of each seed's task-mean, shaded ± one
+  standard error over seeds.
+- test_tasks.png (the paper's Figure 3 layout): per test task, every method's return at the latest step all runs
+  evaluated (mean ± s.e. over seeds; GPI where the method has it), with the BFS oracle's and random play's returns
+  as reference lines (--reference-episodes 0 leaves them out).
+The runs are read from their eval.csv and config.json (the method's name); each figure says how many seeds it shows.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tyro
+
+from common.babyai import TEST_TASKS, TRAIN_TASKS, bfs_oracle_returns, format_task, random_policy_returns
+from common.run import exit_on_config_error, require
+from results.compare import label, read_eval
+
+
+@dataclass
+class Args:
+    run_dirs: tyro.conf.Positional[tuple[str, ...]]
+    """run directories (each with eval.csv and config.json)"""
+    out: str = "figures"
+    """folder the PNG files go to"""
+    reference_episodes: int = 100
+    """episodes per task for the BFS-oracle and random references (0: none)"""
+
+
+def mean_se(per_seed: np.ndarray) -> tuple[float, float]:
+    se = per_seed.std(ddof=1) / np.sqrt(len(per_seed)) if len(per_seed) > 1 else 0.0
+    return float(per_seed.mean()), float(se)
+
+
+def task_mean_per_seed(table: dict, step: int, tasks, gpi: int) -> np.ndarray | None:
+    """Each seed's mean return over `tasks` at `step` (None if the run lacks them)."""
+    cells = [table.get((step, format_task(w), gpi)) for w in tasks]
+    if any(c is None for c in cells) or len({len(c) for c in cells}) != 1:
+        return None
+    return np.mean(np.asarray(cells), axis=0)
+
+
+def best_gpi(table: dict) -> int:
+    return max(g for _, _, g in table)
+
+
+@exit_on_config_error
+def main(args: Args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [Path(d) for d in args.run_dirs]
+    require(runs, "pass at least one run directory")
+    for d in runs:
+        require((d / "eval.csv").exists(), f"no eval.csv in {d}; pass run directories")
+    require(args.reference_episodes >= 0, f"--reference-episodes must not be negative, got {args.reference_episodes}")
+    tables = {d: read_eval(d) for d in runs}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = sorted({len(v) for t in tables.values() for v in t.values()})
+    seed_text = f"{'/'.join(map(str, seeds))} seed(s), mean ± s.e. over seeds"
+
+    # learning curves
+    fig, axes = plt.subplots(1, 2, figsize=(15, 4.2), sharex=True)
+    for d, table in tables.items():
+        g = best_gpi(table)
+        for ax, tasks, gpi in ((axes[0], TRAIN_TASKS, 0), (axes[1], TEST_TASKS, g)):
+            points = [(s, task_mean_per_seed(table, s, tasks, gpi)) for s in sorted({s for s, _, _ in table})]
+            points = [(s, mean_se(v)) for s, v in points if v is not None]
+            if points:
+                steps = np.array([s for s, _ in points])
+                mean = np.array([m for _, (m, _) in points])
+                se = np.array([e for _, (_, e) in points])
+                line, = ax.plot(steps, mean, label=label(d) + ("" if ax is axes[0] or g else " (no GPI)"))
+                ax.fill_between(steps, mean - se, mean + se, color=line.get_color(), alpha=0.2)
+    axes[0].set_title("train tasks (no GPI)")
+    axes[1].set_title("test tasks (GPI where the method has it)")
+    for ax in axes:
+        ax.set_xlabel("env steps per seed")
+        ax.set_ylabel("greedy return, mean over tasks")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(f"Learning curves ({seed_text})")
+    fig.tight_layout()
+    fig.savefig(out / "learning_curves.png", dpi=120)
+    plt.close(fig)
+
+    # returns per test task at the latest shared step
+    steps = set.intersection(*({s for s, _, _ in t} for t in tables.values()))
+    require(steps, "the runs share no evaluation step")
+    step = max(steps)
+    names = [format_task(w) for w in TEST_TASKS]
+    fig, ax = plt.subplots(figsize=(13, 4.8))
+    width = 0.8 / len(runs)
+    for i, (d, table) in enumerate(tables.items()):
+        g = best_gpi(table)
+        stats = [mean_se(np.asarray(table[(step, n, g)])) for n in names]
+        ax.bar(np.arange(len(names)) + (i - (len(runs) - 1) / 2) * width, [m for m, _ in stats], width,
+               yerr=[e for _, e in stats], capsize=2, label=label(d) + ("" if g else " (no GPI)"))
+    if args.reference_episodes:
+        oracle, _ = bfs_oracle_returns(TEST_TASKS, args.reference_episodes)
+        rand, _ = random_policy_returns(TEST_TASKS, args.reference_episodes)
+        for j in range(len(names)):
+            ax.hlines(oracle[j], j - 0.45, j + 0.45, colors="black", linestyles="--",
+                      label="BFS oracle" if j == 0 else None)
+            ax.hlines(rand[j], j - 0.45, j + 0.45, colors="grey", linestyles=":", label="random" if j == 0 else None)
+    ax.set_xticks(np.arange(len(names)), names, rotation=20)
+    ax.set_ylabel("greedy return")
+    ax.axhline(0, color="black", linewidth=0.5)
+    ax.legend(fontsize=7, ncol=3)
+    ax.set_title(f"Test tasks at step {step:,} ({seed_text})")
+    fig.tight_layout()
+    fig.savefig(out / "test_tasks.png", dpi=120)
+    plt.close(fig)
+    print(f"wrote {out / 'learning_curves.png'} and {out / 'test_tasks.png'} (step {step:,})")
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

@@ -1,0 +1,44 @@
+"""The figure command on fake runs: both PNGs written, and one line for bad input."""
+
+import csv
+import json
+
+import pytest
+
+from common.babyai import TEST_TASKS, TRAIN_TASKS, format_task
+
+
+def fake_run(tmp_path, name, method, gpi_settings, value):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"method": method}))
+    with (d / "eval.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"])
+        for step in (10, 20):
+            for seed in (1, 2):
+                for g in gpi_settings:
+                    for split, tasks in (("train", TRAIN_TASKS), ("test", TEST_TASKS)):
+                        for w in tasks:
+                            writer.writerow([step, seed, split, format_task(w), g, 2, value + seed + step / 10, 0])
+    return str(d)
+
+
+def test_plot_writes_learning_curves_and_test_task_figures(tmp_path, capsys):
+    from results import plot
+
+    runs = (fake_run(tmp_path, "sf", "SF method", (0, 1), 1.0), fake_run(tmp_path, "q", "Q method", (0,), 5.0))
+    plot.main(plot.Args(run_dirs=runs, out=str(tmp_path / "figures"), reference_episodes=0))
+    for name in ("learning_curves.png", "test_tasks.png"):
+        data = (tmp_path / "figures" / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert "(step 20)" in capsys.readouterr().out
+
+
+def test_plot_refuses_a_directory_without_evaluations(tmp_path, capsys):
+    from results import plot
+
+    with pytest.raises(SystemExit) as exit_info:
+        plot.main(plot.Args(run_dirs=(str(tmp_path),), out=str(tmp_path / "figures"), reference_episodes=0))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and "no eval.csv" in err[0]
