@@ -13,7 +13,6 @@ The runs are read from their eval.csv and config.json (the method's name); each 
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
