@@ -3,8 +3,6 @@ psi/phi. Heads against hand-worked examples, the oracle cumulant's timing, MVFA'
 reads, and parameter counts against the paper. (What every script shares, and a tiny run of every variant, is
 tested in test_learners.py.)"""
 
-import csv
-import json
 from functools import partial
 
 import equinox as eqx
@@ -16,7 +14,7 @@ import pytest
 import msfa_babyai as msfa
 import usfa
 import uvfa
-from common.babyai import TEST_TASKS, GotoAvoid, format_task
+from common.babyai import GotoAvoid
 from common.networks import count_params
 from helpers import TINY_MSFA, TINY_USFA, TINY_UVFA, random_sequence
 
@@ -160,33 +158,3 @@ def test_unknown_env_stops_with_one_line(script, capsys):
         script.main(script.Args(env="fruitbot"))
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(err) == 1 and "--env must be one of babyai" in err[0]
-
-
-def test_comparison_table_reads_runs_at_their_shared_step(tmp_path, capsys):
-    from results import compare
-
-    def fake_run(name, method, steps, gpi_settings, value):
-        d = tmp_path / name
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps({"method": method}))
-        with (d / "eval.csv").open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"])
-            for step in steps:
-                for seed in (1, 2):
-                    for g in gpi_settings:
-                        for w in map(format_task, TEST_TASKS):
-                            writer.writerow([step, seed, "test", w, g, 2, value + seed + g, 0])
-        return str(d)
-
-    sf = fake_run("sf", "SF method", (10, 20), (0, 1), 1.0)
-    q = fake_run("q", "Q method", (10,), (0,), 5.0)
-    compare.main(compare.Args(run_dirs=(sf, q), split="test"))
-    out = capsys.readouterr().out
-    assert "step 10 " in out  # the latest step both runs have
-    gpi_table, plain_table = out.split("**without GPI")
-    assert "| SF method | 3.50 ± 0.50 |" in gpi_table and "Q method" not in gpi_table  # seeds 1, 2: 1 + s + 1
-    assert "| Q method | 6.50 ± 0.50 |" in plain_table and "| SF method | 2.50 ± 0.50 |" in plain_table
-    with pytest.raises(SystemExit):
-        compare.main(compare.Args(run_dirs=(sf, q), step=20))
-    assert "not evaluated in every run" in capsys.readouterr().err

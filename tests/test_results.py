@@ -1,4 +1,4 @@
-"""The figure command on fake runs: both PNGs written, and one line for bad input."""
+"""The results tools on fake runs: the comparison table at the runs' shared step, and the figures."""
 
 import csv
 import json
@@ -8,26 +8,28 @@ import pytest
 from common.babyai import TEST_TASKS, TRAIN_TASKS, format_task
 
 
-def fake_run(tmp_path, name, method, gpi_settings, value):
+def fake_run(tmp_path, name, method, steps, gpi_settings, value):
+    """A run directory with config.json and an eval.csv whose return is value + seed + gpi on every task."""
     d = tmp_path / name
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"method": method}))
     with (d / "eval.csv").open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"])
-        for step in (10, 20):
+        for step in steps:
             for seed in (1, 2):
                 for g in gpi_settings:
                     for split, tasks in (("train", TRAIN_TASKS), ("test", TEST_TASKS)):
                         for w in tasks:
-                            writer.writerow([step, seed, split, format_task(w), g, 2, value + seed + step / 10, 0])
+                            writer.writerow([step, seed, split, format_task(w), g, 2, value + seed + g, 0])
     return str(d)
 
 
 def test_plot_writes_learning_curves_and_test_task_figures(tmp_path, capsys):
     from results import plot
 
-    runs = (fake_run(tmp_path, "sf", "SF method", (0, 1), 1.0), fake_run(tmp_path, "q", "Q method", (0,), 5.0))
+    runs = (fake_run(tmp_path, "sf", "SF method", (10, 20), (0, 1), 1.0),
+            fake_run(tmp_path, "q", "Q method", (10, 20), (0,), 5.0))
     plot.main(plot.Args(run_dirs=runs, out=str(tmp_path / "figures"), reference_episodes=0))
     for name in ("learning_curves.png", "test_tasks.png"):
         data = (tmp_path / "figures" / name).read_bytes()
@@ -42,3 +44,19 @@ def test_plot_refuses_a_directory_without_evaluations(tmp_path, capsys):
         plot.main(plot.Args(run_dirs=(str(tmp_path),), out=str(tmp_path / "figures"), reference_episodes=0))
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(err) == 1 and "no eval.csv" in err[0]
+
+
+def test_comparison_table_reads_runs_at_their_shared_step(tmp_path, capsys):
+    from results import compare
+
+    sf = fake_run(tmp_path, "sf", "SF method", (10, 20), (0, 1), 1.0)
+    q = fake_run(tmp_path, "q", "Q method", (10,), (0,), 5.0)
+    compare.main(compare.Args(run_dirs=(sf, q), split="test"))
+    out = capsys.readouterr().out
+    assert "step 10 " in out  # the latest step both runs have
+    gpi_table, plain_table = out.split("**without GPI")
+    assert "| SF method | 3.50 ± 0.50 |" in gpi_table and "Q method" not in gpi_table  # seeds 1, 2: 1 + s + 1
+    assert "| Q method | 6.50 ± 0.50 |" in plain_table and "| SF method | 2.50 ± 0.50 |" in plain_table
+    with pytest.raises(SystemExit):
+        compare.main(compare.Args(run_dirs=(sf, q), step=20))
+    assert "not evaluated in every run" in capsys.readouterr().err
