@@ -18,6 +18,7 @@ import csv
 import dataclasses
 import functools
 import json
+import math
 import os
 import signal
 import subprocess
@@ -26,6 +27,9 @@ import time
 from pathlib import Path
 
 import equinox as eqx
+import jax
+import numpy as np
+import tyro
 
 EVAL_FIELDS = ["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"]
 """the columns of eval.csv (a contract: results/ and other tools read them)"""
@@ -135,8 +139,6 @@ def _read_config(path: Path) -> dict:
 def parse_args(cls, argv: list[str] | None = None):
     """The command line as `cls` (tyro). With --resume, every setting not on the command line comes from the run's
     saved config.json, so `python script.py --resume --run-dir D` is enough."""
-    import tyro
-
     args = tyro.cli(cls, args=argv)
     if not args.resume:
         return args
@@ -341,8 +343,6 @@ class RunDir:
         """params_seed<N>.eqx for every seed: the online parameters alone (a few MB; what analysis reads and what a
         GPU machine can bring back), with a JSON header holding the step, the seed, the method and the run's
         arguments, from which a script rebuilds the network to load them into. Only the latest are kept."""
-        import jax
-
         header = {"step": step, "method": self.method, "args": dataclasses.asdict(self.args)}
         for i, seed in enumerate(seeds):
             save_checkpoint(self.path / f"params_seed{seed}.eqx", jax.tree.map(lambda x: x[i], params),
@@ -409,9 +409,6 @@ def shard_seeds(state, num_seeds: int):
     """Spread the leading (seed) axis of every leaf of `state` over the local devices (several GPUs, or CPU cores
     with XLA_FLAGS=--xla_force_host_platform_device_count=N), so that seeds train in parallel; within a device they
     stay vmapped. Uses the most devices that divide num_seeds; one device: unchanged."""
-    import jax
-    import numpy as np
-
     devices = jax.local_devices()
     count = max(d for d in range(1, len(devices) + 1) if num_seeds % d == 0)
     if count == 1:
@@ -485,8 +482,6 @@ def metric_rows(metrics: dict, sgd_steps, seeds: list[int], step: int, sps: floa
 
 def progress_line(rows: list[dict], total_steps: int, eta_seconds: float) -> str:
     """The progress line of a chunk's metrics rows (one per seed): steps, SPS, ETA, mean train return and loss."""
-    import numpy as np
-
     returns = [v for r in rows for k, v in r.items() if k.startswith("return_train") and v != ""]
     loss = [r["loss"] for r in rows if r["loss"] != ""]
     return (f"step {rows[0]['step']:,}/{total_steps:,} | {rows[0]['sps']:,.0f} SPS | ETA {eta_seconds / 60:.1f} min | "
@@ -497,8 +492,6 @@ def progress_line(rows: list[dict], total_steps: int, eta_seconds: float) -> str
 
 def eval_line(rows: list[dict]) -> str:
     """One line for an evaluation's eval.csv rows: mean train return (no GPI), mean test return (GPI if there)."""
-    import numpy as np
-
     gpi = max(r["gpi"] for r in rows)
     train = [r["return_mean"] for r in rows if r["split"] == "train" and r["gpi"] == 0]
     test = [r["return_mean"] for r in rows if r["split"] == "test" and r["gpi"] == gpi]
@@ -508,8 +501,6 @@ def eval_line(rows: list[dict]) -> str:
 
 def require_finite(rows: list[dict], names: tuple[str, ...], run: RunDir) -> None:
     """Stop (keeping the last good checkpoint) if a loss of a metrics row is NaN or infinite."""
-    import math
-
     for row in rows:
         for k in names:
             if row[k] != "" and not math.isfinite(row[k]):

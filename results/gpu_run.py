@@ -130,7 +130,7 @@ def main(args: Args) -> None:
     device = f"{jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}"
     print(f"[gpu_run] {device}; budget {args.budget_seconds:.0f} s; {args.num_seeds} seeds per method", flush=True)
     queue, running, started = list(args.methods), {}, []
-    summary = {}
+    summary, stopping = {}, False
     while queue or running:
         for name, process in list(running.items()):
             if process.poll() is not None:
@@ -145,7 +145,8 @@ def main(args: Args) -> None:
             summary[name] = {"command": METHODS[name], "_start": time.time()}
         if not running and (not queue or left < args.min_run_seconds):
             break
-        if time.time() > start + args.budget_seconds - 15:  # the runs overran their own limit: stop them
+        if time.time() > start + args.budget_seconds - 15 and not stopping:  # the runs overran their own limit
+            stopping = True
             for process in running.values():
                 process.terminate()
         time.sleep(1.0)
