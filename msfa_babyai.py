@@ -35,9 +35,9 @@ from common.babyai import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, EnvParams, GotoA
 from common.farm import FarmCore
 from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector
-from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, parse_args, metric_fields,
-                        metric_rows, progress_line, require, require_finite, require_fraction, require_non_negative,
-                        require_positive, shard_seeds)
+from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_config_error, parse_args,
+                        metric_fields, metric_rows, progress_line, require, require_finite, require_fraction,
+                        require_non_negative, require_positive, shard_seeds)
 
 
 # =====================================================================================================================
@@ -394,12 +394,25 @@ def sequence_loss(net: MSFANetwork, target_net: MSFANetwork, render, seq: Sequen
     phi_error = 0.5 * (jnp.sum(phi * s.w[:-1], -1) - s.reward[:-1]) ** 2
 
     return {"loss_q": loss_q, "loss_psi": loss_psi, "phi_error_sum": jnp.sum(phi_error * valid),
-            "phi_count": jnp.sum(valid), "q_mean": masked_mean(q[steps, taken], valid),
+            "phi_count": jnp.sum(valid), "q_mean": masked_mean(q[steps, taken], valid), "phi": phi, "valid": valid,
             "priority": sequence_priority(jnp.mean(delta_psi, -1), valid, args.max_priority_weight)}
 
 
 LOSS_NAMES = ("loss", "loss_q", "loss_psi", "loss_phi", "q_mean", "grad_norm")
 """what an SGD step reports (metrics.csv columns)"""
+
+
+def cumulant_stats(phi, phi_env, valid):
+    """The sums [9, C] of common.run.CUMULANT_SUMS over the valid transitions: how closely each learned phi^k
+    tracks the env's pickups of category k (metrics.csv's phi_corr_k, phi_error_pickup_k, phi_error_other_k).
+    phi, phi_env [..., C]; valid [...]. Only a measurement: nothing here reaches the loss."""
+    phi = jax.lax.stop_gradient(phi).reshape(-1, phi.shape[-1])
+    phi_env = phi_env.reshape(phi.shape)
+    v = jnp.broadcast_to(valid.reshape(-1, 1), phi.shape).astype(phi.dtype)
+    picked = (phi_env != 0) * v
+    error = jnp.abs(phi - phi_env)
+    return jnp.stack([v, phi * v, phi**2 * v, phi_env * v, phi_env**2 * v, phi * phi_env * v, picked,
+                      error * picked, error * (v - picked)]).sum(1)
 
 
 def batch_loss(net: MSFANetwork, target_net: MSFANetwork, render, batch: Sequence, probabilities, args: Args):
@@ -410,7 +423,8 @@ def batch_loss(net: MSFANetwork, target_net: MSFANetwork, render, batch: Sequenc
     loss = (args.sf_coeff * jnp.mean(weights * out["loss_psi"]) + args.q_coeff * jnp.mean(out["loss_q"])
             + args.phi_coeff * loss_phi)
     metrics = {"loss": loss, "loss_q": jnp.mean(out["loss_q"]), "loss_psi": jnp.mean(out["loss_psi"]),
-               "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"])}
+               "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"]),
+               "cumulant_stats": cumulant_stats(out["phi"], batch.steps.phi[:, :-1], out["valid"])}
     return loss, (out["priority"], metrics)
 
 
@@ -565,10 +579,11 @@ def train_iteration(setup: Setup, args: Args, state: TrainState, _):
     def learn(state):
         state, metrics = jax.lax.scan(partial(sgd_step, setup, args), state,
                                       jax.random.split(k_learn, sgd_steps_per_iteration(args)))
-        return state, jax.tree.map(jnp.mean, metrics) | {"learning": jnp.ones(())}
+        return state, jax.tree.map(lambda x: jnp.mean(x, 0), metrics) | {"learning": jnp.ones(())}
 
     def wait(state):
-        return state, {k: jnp.zeros(()) for k in LOSS_NAMES} | {"learning": jnp.zeros(())}
+        return state, ({k: jnp.zeros(()) for k in LOSS_NAMES} | {"learning": jnp.zeros(())}
+                       | {"cumulant_stats": jnp.zeros((len(CUMULANT_SUMS), TRAIN_TASKS.shape[1]))})
 
     state, metrics = jax.lax.cond(setup.buffer.can_sample(state.buffer), learn, wait, state)
     done = finished["done"]
@@ -679,7 +694,8 @@ def main(args: Args) -> None:
     iteration = run.start_step // per_iteration
     next_eval = (iteration // eval_every_iterations + 1) * eval_every_iterations
     start_time, start_iteration = time.time(), iteration
-    with StopSignals() as signals, run.open_logs(metric_fields(LOSS_NAMES, TRAIN_TASK_NAMES)) as logs:
+    fields = metric_fields(LOSS_NAMES, TRAIN_TASK_NAMES, TRAIN_TASKS.shape[1])
+    with StopSignals() as signals, run.open_logs(fields) as logs:
         while iteration < total_iterations:
             chunk_start = time.time()
             state, metrics = train_chunk(state)

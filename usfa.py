@@ -37,9 +37,9 @@ import optax
 from common.babyai import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, EnvParams, GotoAvoid, format_task, make_params
 from common.gpi import gpi_values
 from common.networks import MLP, LSTMCore, count_params, oar_vector
-from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, parse_args, metric_fields,
-                        metric_rows, progress_line, require, require_finite, require_fraction, require_non_negative,
-                        require_positive, shard_seeds)
+from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_config_error, parse_args,
+                        metric_fields, metric_rows, progress_line, require, require_finite, require_fraction,
+                        require_non_negative, require_positive, shard_seeds)
 
 
 # =====================================================================================================================
@@ -366,7 +366,7 @@ def sequence_loss(net: USFANetwork, target_net: USFANetwork, render, seq: Sequen
     phi_error = 0.5 * (jnp.sum(phi * s.w[:-1], -1) - s.reward[:-1]) ** 2
 
     return {"loss_q": loss_q, "loss_psi": loss_psi, "phi_error_sum": jnp.sum(phi_error * valid),
-            "phi_count": jnp.sum(valid), "q_mean": masked_mean(q[steps, taken], valid),
+            "phi_count": jnp.sum(valid), "q_mean": masked_mean(q[steps, taken], valid), "phi": phi, "valid": valid,
             "priority": sequence_priority(jnp.mean(delta_psi, -1), valid, args.max_priority_weight)}
 
 
@@ -393,6 +393,19 @@ def loss_names(args: Args) -> tuple[str, ...]:
     return ("loss", "loss_psi", "q_mean", "grad_norm")
 
 
+def cumulant_stats(phi, phi_env, valid):
+    """The sums [9, C] of common.run.CUMULANT_SUMS over the valid transitions: how closely each learned phi^k
+    tracks the env's pickups of category k (metrics.csv's phi_corr_k, phi_error_pickup_k, phi_error_other_k).
+    phi, phi_env [..., C]; valid [...]. Only a measurement: nothing here reaches the loss."""
+    phi = jax.lax.stop_gradient(phi).reshape(-1, phi.shape[-1])
+    phi_env = phi_env.reshape(phi.shape)
+    v = jnp.broadcast_to(valid.reshape(-1, 1), phi.shape).astype(phi.dtype)
+    picked = (phi_env != 0) * v
+    error = jnp.abs(phi - phi_env)
+    return jnp.stack([v, phi * v, phi**2 * v, phi_env * v, phi_env**2 * v, phi * phi_env * v, picked,
+                      error * picked, error * (v - picked)]).sum(1)
+
+
 def batch_loss(net: USFANetwork, target_net: USFANetwork, render, batch: Sequence, probabilities, args: Args):
     """Learned cumulants: alpha_psi mean_b(IS_b L_psi,b) + alpha_Q mean_b L_Q,b + alpha_phi (masked mean of the phi
     error). Hand-designed cumulants: alpha_psi mean_b(IS_b L_psi,b)."""
@@ -407,7 +420,8 @@ def batch_loss(net: USFANetwork, target_net: USFANetwork, render, batch: Sequenc
     loss = (args.sf_coeff * jnp.mean(weights * out["loss_psi"]) + args.q_coeff * jnp.mean(out["loss_q"])
             + args.phi_coeff * loss_phi)
     metrics = {"loss": loss, "loss_q": jnp.mean(out["loss_q"]), "loss_psi": jnp.mean(out["loss_psi"]),
-               "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"])}
+               "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"]),
+               "cumulant_stats": cumulant_stats(out["phi"], batch.steps.phi[:, :-1], out["valid"])}
     return loss, (out["priority"], metrics)
 
 
@@ -562,10 +576,13 @@ def train_iteration(setup: Setup, args: Args, state: TrainState, _):
     def learn(state):
         state, metrics = jax.lax.scan(partial(sgd_step, setup, args), state,
                                       jax.random.split(k_learn, sgd_steps_per_iteration(args)))
-        return state, jax.tree.map(jnp.mean, metrics) | {"learning": jnp.ones(())}
+        return state, jax.tree.map(lambda x: jnp.mean(x, 0), metrics) | {"learning": jnp.ones(())}
 
     def wait(state):
-        return state, {k: jnp.zeros(()) for k in loss_names(args)} | {"learning": jnp.zeros(())}
+        zeros = {k: jnp.zeros(()) for k in loss_names(args)} | {"learning": jnp.zeros(())}
+        if args.learned_cumulants:
+            zeros["cumulant_stats"] = jnp.zeros((len(CUMULANT_SUMS), TRAIN_TASKS.shape[1]))
+        return state, zeros
 
     state, metrics = jax.lax.cond(setup.buffer.can_sample(state.buffer), learn, wait, state)
     done = finished["done"]
@@ -676,7 +693,8 @@ def main(args: Args) -> None:
     iteration = run.start_step // per_iteration
     next_eval = (iteration // eval_every_iterations + 1) * eval_every_iterations
     start_time, start_iteration = time.time(), iteration
-    with StopSignals() as signals, run.open_logs(metric_fields(loss_names(args), TRAIN_TASK_NAMES)) as logs:
+    fields = metric_fields(loss_names(args), TRAIN_TASK_NAMES, TRAIN_TASKS.shape[1] * args.learned_cumulants)
+    with StopSignals() as signals, run.open_logs(fields) as logs:
         while iteration < total_iterations:
             chunk_start = time.time()
             state, metrics = train_chunk(state)

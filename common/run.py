@@ -175,17 +175,21 @@ def peak_rss_gb() -> float:
 
 
 class CsvLog:
-    """Append rows to a CSV file, writing the header once."""
+    """Append rows to a CSV file, writing the header once. A file that exists keeps its header: a run resumed by a
+    newer version of its script goes on without the columns that version added."""
 
     def __init__(self, path: Path, fields: list[str]):
         self.path, self.fields = path, fields
-        if not path.exists():
+        if path.exists() and path.stat().st_size:
+            with path.open(newline="") as f:
+                self.fields = next(csv.reader(f))
+        else:
             with path.open("w", newline="") as f:
                 csv.writer(f).writerow(fields)
 
     def write(self, rows: list[dict]):
         with self.path.open("a", newline="") as f:
-            csv.DictWriter(f, self.fields).writerows(rows)
+            csv.DictWriter(f, self.fields, extrasaction="ignore").writerows(rows)
 
 
 def drop_rows_after(path: Path, step: int) -> None:
@@ -454,9 +458,37 @@ class StopSignals:
                               f"{run.resume_command()}", self.received)
 
 
-def metric_fields(loss_names: tuple[str, ...], train_tasks: list[str]) -> list[str]:
-    """The columns of metrics.csv: step, seed, sps, ..., the losses, and the training return per train task."""
-    return (["step", "seed", "sps", "sgd_steps", "epsilon", *loss_names, "rss_gb"]
+CUMULANT_SUMS = ("count", "phi", "phi_sq", "env", "env_sq", "phi_env", "pickups", "error_pickup", "error_other")
+"""The sums over transitions [9, C] (this order) that a script with learned cumulants reports per SGD step as
+"cumulant_stats", and that results/analyze.py computes from greedy episodes: per category k, the count of
+transitions, sum phi^k, sum (phi^k)^2, sum phi_env^k, sum (phi_env^k)^2, sum phi^k phi_env^k, the number of pickups
+of category k (phi_env^k != 0), and sum |phi^k - phi_env^k| over the pickup and the other transitions. Sums, not
+means, so that SGD steps and chunks pool exactly."""
+
+
+def cumulant_quality(sums) -> dict[str, np.ndarray]:
+    """How well learned cumulants track the env's pickups, per category k, from CUMULANT_SUMS [9, C]: "corr" (the
+    Pearson correlation of phi^k with phi_env^k), "error_pickup" and "error_other" (mean |phi^k - phi_env^k| on
+    the transitions that picked up category k and on the rest). NaN where undefined (no pickups, or no variance).
+    Not yet learned: corr near 0; learned the wrong thing: corr high but errors large (an offset or a scale)."""
+    n, sx, sxx, sy, syy, sxy, picks, err_pick, err_other = np.asarray(sums, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cov = n * sxy - sx * sy
+        var = (n * sxx - sx**2) * (n * syy - sy**2)
+        corr = np.where(var > 0, cov / np.sqrt(np.maximum(var, 1e-300)), np.nan)
+        return {"corr": corr, "error_pickup": np.where(picks > 0, err_pick / picks, np.nan),
+                "error_other": np.where(n - picks > 0, err_other / (n - picks), np.nan)}
+
+
+def cumulant_columns(num_categories: int) -> list[str]:
+    """metrics.csv's cumulant-quality columns (category k = 1..C)."""
+    return [f"phi_{name}_{k + 1}" for name in ("corr", "error_pickup", "error_other") for k in range(num_categories)]
+
+
+def metric_fields(loss_names: tuple[str, ...], train_tasks: list[str], num_cumulants: int = 0) -> list[str]:
+    """The columns of metrics.csv: step, seed, sps, ..., the losses, the quality of learned cumulants (methods that
+    learn them: num_cumulants > 0), and the training return per train task."""
+    return (["step", "seed", "sps", "sgd_steps", "epsilon", *loss_names, "rss_gb", *cumulant_columns(num_cumulants)]
             + [f"return_train_{w}" for w in train_tasks])
 
 
@@ -473,6 +505,11 @@ def metric_rows(metrics: dict, sgd_steps, seeds: list[int], step: int, sps: floa
                "epsilon": float(m["epsilon"].mean()), "rss_gb": round(peak_rss_gb(), 2)}
         for k in loss_names:
             row[k] = float(m[k][learning].mean()) if learning.any() else ""
+        if "cumulant_stats" in m:  # pooled over the chunk's SGD steps (learned cumulants' replayed transitions)
+            quality = cumulant_quality(np.asarray(m["cumulant_stats"])[learning].sum(0))
+            for name, values in quality.items():
+                for k, v in enumerate(values):
+                    row[f"phi_{name}_{k + 1}"] = "" if np.isnan(v) else round(float(v), 5)
         counts, sums = m["return_count"].sum(0), m["return_sum"].sum(0)
         for t, w in enumerate(train_tasks):
             row[f"return_train_{w}"] = float(sums[t] / counts[t]) if counts[t] else ""

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from common.babyai import GotoAvoid
+from common.run import cumulant_quality
 from helpers import SCRIPTS, VARIANTS, random_sequence
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,6 +113,21 @@ def test_importance_weights_hand_worked(script):
 def test_one_sgd_step_per_replay_ratio(script):
     args = script.Args(num_envs=32, batch_size=8, samples_per_insert=6.0)
     assert script.steps_per_iteration(args) == 32 * 40 and script.sgd_steps_per_iteration(args) == 24
+
+
+@pytest.mark.parametrize("script", [SCRIPTS["msfa_babyai"], SCRIPTS["usfa"]], ids=["msfa_babyai", "usfa"])
+def test_cumulant_quality_hand_worked(script):
+    """Category 1: phi^1 = .8, .1, .3 (and .5 on a masked step) against pickups 1, 0, 0: corr 0.4 / sqrt(.26 * 2/3)
+    = 0.96077, error on the pickup |.8 - 1| = .2, elsewhere (.1 + .3) / 2 = .2. Category 2: never picked up, so its
+    correlation and pickup error are undefined; elsewhere (0 + .2 + .4) / 3 = .2."""
+    phi = jnp.array([[[0.8, 0.0], [0.1, -0.2], [0.3, 0.4], [0.5, 9.0]]])  # [B=1, T-1=4, C=2]
+    phi_env = jnp.array([[[1.0, 0.0], [0.0, 0.0], [0.0, 0.0], [1.0, 0.0]]])
+    valid = jnp.array([[True, True, True, False]])
+    quality = cumulant_quality(script.cumulant_stats(phi, phi_env, valid))
+    np.testing.assert_allclose(quality["corr"][0], 0.4 / np.sqrt(0.26 * 2 / 3), rtol=1e-5)
+    np.testing.assert_allclose(quality["error_pickup"][0], 0.2, rtol=1e-5)
+    np.testing.assert_allclose(quality["error_other"], [0.2, 0.2], rtol=1e-5)
+    assert np.isnan(quality["corr"][1]) and np.isnan(quality["error_pickup"][1])
 
 
 # ------------------------------------------------------------------------------------- masking and the unroll
@@ -229,6 +245,10 @@ def test_tiny_run_of_every_script_and_variant(variant, tmp_path, capsys):
     assert list(metrics[0])[:3] == ["step", "seed", "sps"]
     assert [r["step"] for r in metrics] == ["32", "64"]
     assert metrics[-1]["loss"] and np.isfinite(float(metrics[-1]["loss"]))
+    learned_phi = variant.startswith("msfa") or variant == "usfa-learned"
+    assert ("phi_corr_1" in metrics[0]) == learned_phi and ("phi_error_other_4" in metrics[0]) == learned_phi
+    if learned_phi:  # most categories are never picked up in so short a run: their columns stay empty
+        assert 0 <= float(metrics[-1]["phi_error_other_1"]) < 10
     evals = read(run_dir / "eval.csv", drop=())
     assert list(evals[0]) == ["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"]
     assert {r["gpi"] for r in evals} == ({"0", "1"} if has_gpi else {"0"})
