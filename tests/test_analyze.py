@@ -1,0 +1,100 @@
+"""results/analyze.py on tiny trained runs: its episodes are the scripts' own evaluation episodes (GPI and not), its
+records are consistent with the env, Table A is computed as stated, and bad input stops with one line."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from common.babyai import TEST_TASKS, TRAIN_TASKS
+from helpers import VARIANTS
+
+TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Tiny finished runs (with params_seed1.eqx and params_seed2.eqx) of MSFA, USFA (hand-designed phi) and UVFA."""
+    out = {}
+    for variant in ("msfa", "usfa", "uvfa"):
+        script, settings, _ = VARIANTS[variant]
+        run_dir = tmp_path_factory.mktemp("analyze") / variant
+        script.main(script.Args(**(settings | dict(run_dir=str(run_dir), total_timesteps=64, log_every=64,
+                                                   eval_every=64, num_seeds=2))))
+        out[variant] = run_dir
+    return out
+
+
+@pytest.mark.parametrize("variant, use_gpi", [("msfa", True), ("msfa", False), ("usfa", True), ("uvfa", False)])
+def test_episodes_are_the_scripts_own_evaluation_episodes(runs, variant, use_gpi):
+    """The returns equal the script's make_evaluate with the same key, for the GPI and the no-GPI policy: the
+    analysis looks at the very episodes the evaluation scores."""
+    import jax
+
+    from results.analyze import load_agents, rollout
+
+    agent = load_agents(runs[variant])[1]
+    key = jax.random.PRNGKey(3)
+    trace = rollout(agent, TASKS, 2, use_gpi, key)
+    settings = agent.script.GPI_SETTINGS
+    args = dataclasses.replace(agent.args, eval_episodes=2)
+    evaluate = agent.script.make_evaluate(agent.script.make_setup(args), args, TASKS)
+    expected = np.asarray(evaluate(agent.params, key))[settings.index(int(use_gpi))]
+    np.testing.assert_allclose(trace["reward"].sum(-1), expected, rtol=1e-6)
+    # the env's records: reward = phi_env . w on every step, one pickup at most per step
+    np.testing.assert_allclose(trace["reward"], np.einsum("netc,nc->net", trace["phi_env"], TASKS), atol=1e-6)
+    assert trace["phi_env"].sum(-1).max() <= 1
+    assert ("phi" in trace) == (variant == "msfa")
+    if variant == "msfa":
+        assert trace["phi"].shape == trace["phi_env"][:, :, :-1].shape
+    if variant == "uvfa":
+        assert not trace["contribution"].any()
+    else:  # with GPI the chosen policy's psi . w is the GPI value of the chosen action: sum_c psi_c w_c
+        assert np.isfinite(trace["contribution"]).all()
+
+
+def test_table_a_errors_by_hand():
+    """Two transitions of one episode, task [1, 1]: phi . w = 0.9 and 0.2 against rewards 1 and 0 (the third step's
+    reward has no learned cumulant): abs. errors .1, .2, squared .01, .04."""
+    from results.analyze import prediction_errors
+
+    trace = {"phi": np.array([[[[0.5, 0.4], [0.1, 0.1]]]]), "reward": np.array([[[1.0, 0.0, 7.0]]])}
+    absolute, squared = prediction_errors(trace, np.array([[1.0, 1.0]]))
+    np.testing.assert_allclose(absolute, [[0.1, 0.2]], rtol=1e-6)
+    np.testing.assert_allclose(squared, [[0.01, 0.04]], rtol=1e-6)
+
+
+def test_analysis_writes_table_a_heatmaps_and_module_activity(runs, tmp_path, capsys):
+    from results import analyze
+
+    out = tmp_path / "analysis"
+    analyze.main(analyze.Args(run_dirs=(str(runs["msfa"]), str(runs["usfa"]), str(runs["uvfa"])), out=str(out),
+                              episodes=2))
+    text = (out / "analysis.md").read_text()
+    table_a = text.split("## Table A")[1].split("## Cumulant quality")[0]
+    rows = [line for line in table_a.splitlines() if line.startswith("| ") and not line.startswith("| task")]
+    assert len(rows) == len(TEST_TASKS) and "MSFA: abs. error" in table_a and "USFA:" not in table_a
+    assert "| 1,1,1,1 |" in table_a and "0.0118 ± 0.0856 | 2.5530 ± 4.0324 |" in table_a  # the paper's numbers
+    quality = text.split("## Cumulant quality")[1].split("## Pickups")[0]
+    assert quality.count("| MSFA |") == 4 and "| USFA |" not in quality
+    pickups = text.split("## Pickups per episode")[1]
+    assert sum(line.startswith("| UVFA |") for line in pickups.splitlines()) == len(TASKS)
+    for name in ("pickup_heatmaps.png", "module_activity.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "seeds [1, 2]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(run_dirs=("/nonexistent",)), "is not a directory"),
+    (dict(activity_task="1,1"), "has 2 weights"),
+    (dict(gpi="maybe"), "--gpi must be on or off"),
+    (dict(episodes=0), "--episodes must be positive"),
+], ids=["missing run", "short task", "gpi", "episodes"])
+def test_bad_input_stops_with_one_line(runs, overrides, message, capsys):
+    from results import analyze
+
+    args = dict(run_dirs=(str(runs["msfa"]),), episodes=1) | overrides
+    with pytest.raises(SystemExit) as exit_info:
+        analyze.main(analyze.Args(**args))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and message in err[0], err
