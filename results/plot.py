@@ -8,6 +8,13 @@
 - test_tasks.png (the paper's Figure 3 layout): per test task, every method's return at the latest step all runs
   evaluated (mean ± s.e. over seeds; GPI where the method has it), with the BFS oracle's and random play's returns
   as reference lines (--reference-episodes 0 leaves them out).
+- modularity.png (the paper's Figure 4a), when two or more MSFA variants are given: the same layout for MSFA and its
+  entangled-phi/psi ablations alone.
+- gpi_ablation.png (Figure 4b): per SF method, the mean test-task return with GPI over the train tasks and acting
+  on w_test directly (no GPI), mean ± s.e. over seeds.
+- aggregate.png (beyond the paper, since seeds are few): the interquartile mean over seeds x test tasks of the
+  oracle-normalised return, (R - random) / (oracle - random), with 95% stratified-bootstrap confidence intervals
+  (rliable); raw returns when --reference-episodes is 0.
 The runs are read from their eval.csv and config.json (the method's name); each figure says how many seeds it shows.
 """
 
@@ -98,17 +105,40 @@ def main(args: Args) -> None:
     steps = set.intersection(*({s for s, _, _ in t} for t in tables.values()))
     require(steps, "the runs share no evaluation step")
     step = max(steps)
+    references = None
+    if args.reference_episodes:
+        references = (bfs_oracle_returns(TEST_TASKS, args.reference_episodes)[0],
+                      random_policy_returns(TEST_TASKS, args.reference_episodes)[0])
+    written = ["learning_curves.png", "test_tasks.png"]
+    task_bars(plt, tables, step, references, f"Test tasks at step {step:,} ({seed_text})", out / "test_tasks.png")
+    msfa = {d: t for d, t in tables.items() if label(d).startswith("MSFA")}
+    if len(msfa) > 1:
+        task_bars(plt, msfa, step, references, f"Modularity ablations: test tasks at step {step:,} ({seed_text})",
+                  out / "modularity.png")
+        written.append("modularity.png")
+    with_gpi = {d: t for d, t in tables.items() if best_gpi(t) == 1}
+    if with_gpi:
+        gpi_bars(plt, with_gpi, step, f"GPI ablation: mean over the test tasks at step {step:,} ({seed_text})",
+                 out / "gpi_ablation.png")
+        written.append("gpi_ablation.png")
+    aggregate(plt, tables, step, references, out / "aggregate.png")
+    written.append("aggregate.png")
+    print(f"wrote {', '.join(str(out / f) for f in written)} (step {step:,})")
+
+
+def task_bars(plt, tables: dict, step: int, references, title: str, path: Path) -> None:
+    """Per test task, each run's return at `step` (GPI where it has it), mean ± s.e. over seeds, with the BFS
+    oracle (dashed) and random play (dotted) where references are given."""
     names = [format_task(w) for w in TEST_TASKS]
     fig, ax = plt.subplots(figsize=(13, 4.8))
-    width = 0.8 / len(runs)
+    width = 0.8 / len(tables)
     for i, (d, table) in enumerate(tables.items()):
         g = best_gpi(table)
         stats = [mean_se(np.asarray(table[(step, n, g)])) for n in names]
-        ax.bar(np.arange(len(names)) + (i - (len(runs) - 1) / 2) * width, [m for m, _ in stats], width,
+        ax.bar(np.arange(len(names)) + (i - (len(tables) - 1) / 2) * width, [m for m, _ in stats], width,
                yerr=[e for _, e in stats], capsize=2, label=label(d) + ("" if g else " (no GPI)"))
-    if args.reference_episodes:
-        oracle, _ = bfs_oracle_returns(TEST_TASKS, args.reference_episodes)
-        rand, _ = random_policy_returns(TEST_TASKS, args.reference_episodes)
+    if references is not None:
+        oracle, rand = references
         for j in range(len(names)):
             ax.hlines(oracle[j], j - 0.45, j + 0.45, colors="black", linestyles="--",
                       label="BFS oracle" if j == 0 else None)
@@ -117,11 +147,63 @@ def main(args: Args) -> None:
     ax.set_ylabel("greedy return")
     ax.axhline(0, color="black", linewidth=0.5)
     ax.legend(fontsize=7, ncol=3)
-    ax.set_title(f"Test tasks at step {step:,} ({seed_text})")
+    ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(out / "test_tasks.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    print(f"wrote {out / 'learning_curves.png'} and {out / 'test_tasks.png'} (step {step:,})")
+
+
+def gpi_bars(plt, tables: dict, step: int, title: str, path: Path) -> None:
+    """Per SF method: each seed's mean over the test tasks with and without GPI, mean ± s.e. over seeds."""
+    fig, ax = plt.subplots(figsize=(1.6 * len(tables) + 3, 4.2))
+    for i, (d, table) in enumerate(tables.items()):
+        for g, offset, hatch in ((1, -0.2, None), (0, 0.2, "//")):
+            m, e = mean_se(task_mean_per_seed(table, step, TEST_TASKS, g))
+            ax.bar(i + offset, m, 0.4, yerr=e, capsize=3, color=f"C{i}", hatch=hatch, edgecolor="black",
+                   label=("GPI over the train tasks" if g else "no GPI (act on w_test)") if i == 0 else None)
+    ax.set_xticks(range(len(tables)), [label(d) for d in tables], rotation=15, fontsize=8)
+    ax.set_ylabel("greedy return, mean over the test tasks")
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def aggregate(plt, tables: dict, step: int, references, path: Path) -> None:
+    """Interquartile mean over seeds x test tasks with 95% stratified-bootstrap CIs (rliable), per method."""
+    from rliable import library as rly
+    from rliable import metrics
+
+    names = [format_task(w) for w in TEST_TASKS]
+    scores = {}
+    for d, table in tables.items():
+        g = best_gpi(table)
+        returns = np.asarray([table[(step, n, g)] for n in names]).T  # [seeds, tasks]
+        if references is not None:
+            oracle, rand = (np.asarray(r) for r in references)
+            returns = (returns - rand) / (oracle - rand)
+        scores[label(d) + ("" if g else " (no GPI)")] = returns
+    iqm = lambda x: np.array([metrics.aggregate_iqm(x)])  # noqa: E731
+    points, intervals = rly.get_interval_estimates(scores, iqm, reps=2000)
+    for name in scores:
+        print(f"IQM {name}: {points[name][0]:.3f} [{intervals[name][0, 0]:.3f}, {intervals[name][1, 0]:.3f}]")
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(scores) + 1.6))
+    for i, name in enumerate(scores):
+        low, high = intervals[name][:, 0]
+        ax.barh(i, high - low, left=low, height=0.6, color=f"C{i}", alpha=0.6)
+        ax.plot([points[name][0]] * 2, [i - 0.3, i + 0.3], color="black")
+    ax.set_yticks(range(len(scores)), list(scores), fontsize=8)
+    ax.set_xlabel("IQM of the oracle-normalised return (0: random, 1: BFS oracle)" if references is not None
+                  else "IQM of the greedy return")
+    ax.invert_yaxis()
+    seeds = "/".join(str(n) for n in sorted({len(v) for v in scores.values()}))
+    ax.set_title(f"Test tasks at step {step:,}: IQM over {seeds} seed(s) x {len(names)} tasks,\n"
+                 "95% stratified-bootstrap confidence intervals (rliable)", fontsize=9)
+    ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

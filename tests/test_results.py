@@ -28,13 +28,27 @@ def fake_run(tmp_path, name, method, steps, gpi_settings, value):
 def test_plot_writes_learning_curves_and_test_task_figures(tmp_path, capsys):
     from results import plot
 
-    runs = (fake_run(tmp_path, "sf", "SF method", (10, 20), (0, 1), 1.0),
+    runs = (fake_run(tmp_path, "sf", "MSFA", (10, 20), (0, 1), 1.0),
+            fake_run(tmp_path, "sf2", "MSFA (entangled psi)", (10, 20), (0, 1), 3.0),
             fake_run(tmp_path, "q", "Q method", (10, 20), (0,), 5.0))
     plot.main(plot.Args(run_dirs=runs, out=str(tmp_path / "figures"), reference_episodes=0))
-    for name in ("learning_curves.png", "test_tasks.png"):
+    for name in ("learning_curves.png", "test_tasks.png", "modularity.png", "gpi_ablation.png", "aggregate.png"):
         data = (tmp_path / "figures" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
-    assert "(step 20)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "(step 20)" in out
+    # seeds 1 and 2 score value + seed + gpi on all 8 tasks: the IQM of those 16 scores is value + 1.5 + gpi
+    assert "IQM MSFA: 3.500 " in out and "IQM MSFA (entangled psi): 5.500 " in out
+    assert "IQM Q method (no GPI): 6.500 " in out
+
+
+def test_plot_leaves_out_the_modularity_figure_without_msfa_variants(tmp_path):
+    from results import plot
+
+    runs = (fake_run(tmp_path, "sf", "MSFA", (10,), (0, 1), 1.0), fake_run(tmp_path, "q", "Q method", (10,), (0,), 5.0))
+    plot.main(plot.Args(run_dirs=runs, out=str(tmp_path / "figures"), reference_episodes=0))
+    assert not (tmp_path / "figures" / "modularity.png").exists()
+    assert (tmp_path / "figures" / "gpi_ablation.png").exists()
 
 
 def test_plot_refuses_a_directory_without_evaluations(tmp_path, capsys):
