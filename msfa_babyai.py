@@ -128,6 +128,9 @@ class Args:
     """exponent of the importance weights that correct prioritised sampling (0: no correction)"""
     max_priority_weight: float = 0.9
     """priority = w max|delta| + (1 - w) mean|delta| over the sequence"""
+    priority_from_q: bool = False
+    """also prioritise by the Q TD error: priority = that of the psi TD errors (mean over cumulants) + that of the Q
+    TD error (default: psi only, as the original)"""
     learning_rate: float = 1e-3
     """Adam step size"""
     adam_eps: float = 1e-3
@@ -395,7 +398,8 @@ def sequence_loss(net: MSFANetwork, target_net: MSFANetwork, render, seq: Sequen
 
     return {"loss_q": loss_q, "loss_psi": loss_psi, "phi_error_sum": jnp.sum(phi_error * valid),
             "phi_count": jnp.sum(valid), "q_mean": masked_mean(q[steps, taken], valid), "phi": phi, "valid": valid,
-            "priority": sequence_priority(jnp.mean(delta_psi, -1), valid, args.max_priority_weight)}
+            "priority": sequence_priority(jnp.mean(delta_psi, -1), valid, args.max_priority_weight)
+            + args.priority_from_q * sequence_priority(delta_q, valid, args.max_priority_weight)}
 
 
 LOSS_NAMES = ("loss", "loss_q", "loss_psi", "loss_phi", "q_mean", "grad_norm")

@@ -124,6 +124,9 @@ class Args:
     """exponent of the importance weights that correct prioritised sampling (0: no correction)"""
     max_priority_weight: float = 0.9
     """priority = w max|delta| + (1 - w) mean|delta| over the sequence"""
+    priority_from_q: bool = False
+    """also prioritise by the Q TD error: priority = that of the psi TD errors (mean over cumulants) + that of the Q
+    TD error (default: psi only, as the original)"""
     learning_rate: float = 1e-3
     """Adam step size"""
     adam_eps: float = 1e-3
@@ -152,6 +155,8 @@ def check_args(args: Args) -> None:
                                                                    "positive")
     require(args.env in ENVS, f"--env must be one of {', '.join(ENVS)} (Fruitbot and MiniHack are not implemented "
                               f"yet), got {args.env!r}")
+    require(args.learned_cumulants or not args.priority_from_q, "--priority-from-q needs --learned-cumulants (USFA "
+                                                                "with the env's cumulants learns no Q TD error)")
     require(args.sequence_length == args.sequence_period + 1,
             f"--sequence-length must be --sequence-period + 1 (sequences share one step), got "
             f"{args.sequence_length} and {args.sequence_period}")
@@ -367,7 +372,8 @@ def sequence_loss(net: USFANetwork, target_net: USFANetwork, render, seq: Sequen
 
     return {"loss_q": loss_q, "loss_psi": loss_psi, "phi_error_sum": jnp.sum(phi_error * valid),
             "phi_count": jnp.sum(valid), "q_mean": masked_mean(q[steps, taken], valid), "phi": phi, "valid": valid,
-            "priority": sequence_priority(jnp.mean(delta_psi, -1), valid, args.max_priority_weight)}
+            "priority": sequence_priority(jnp.mean(delta_psi, -1), valid, args.max_priority_weight)
+            + args.priority_from_q * sequence_priority(delta_q, valid, args.max_priority_weight)}
 
 
 def oracle_sequence_loss(net: USFANetwork, target_net: USFANetwork, render, seq: Sequence, args: Args,

@@ -7,6 +7,7 @@ design card asks for: no script imports another, and common/ holds no RL algorit
 
 import ast
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -173,6 +174,27 @@ def test_data_after_an_episode_end_changes_neither_loss_nor_gradient_nor_priorit
     assert float(l3) != float(l4)
 
 
+@pytest.mark.parametrize("variant", ["msfa", "usfa-learned"])
+def test_priority_from_q_adds_the_q_td_error_priority(variant):
+    """--priority-from-q: the sequence's priority is the psi TD errors' plus that of the Q TD error, the latter
+    recomputed here from the script's own pieces (n-step double-Q targets of psi . w)."""
+    script, settings, _ = VARIANTS[variant]
+    args = script.Args(**settings)
+    net = script.make_network(args, jax.random.PRNGKey(5))
+    target = script.make_network(args, jax.random.PRNGKey(6))
+    seq = random_sequence(script, jax.random.PRNGKey(3), args.sequence_length, net.core.initial_state(), 4, True)
+    off = script.sequence_loss(net, target, RENDER, seq, args)["priority"]
+    on = script.sequence_loss(net, target, RENDER, seq, dataclasses.replace(args, priority_from_q=True))["priority"]
+    _, psi, psi_target = script.successor_features(net, target, RENDER, seq)
+    q, q_target = (jnp.einsum("tac,tc->ta", x, seq.steps.w) for x in (psi, psi_target))
+    targets, valid = script.n_step_targets(seq.steps.reward[:-1], script.double_q_bootstrap(q, q_target),
+                                           ~seq.steps.first[1:], args.n_step, args.gamma)
+    delta_q = targets - q[jnp.arange(len(targets)), seq.steps.action[:-1]]
+    expected = script.sequence_priority(delta_q, valid, args.max_priority_weight)
+    assert float(expected) > 0.01
+    np.testing.assert_allclose(on - off, expected, rtol=1e-5)
+
+
 @pytest.mark.parametrize("variant", ["msfa", "usfa", "uvfa-farm"])
 def test_transition_into_a_new_episode_is_masked(variant):
     """The last transition of an episode (its next observation never seen) adds nothing to the losses."""
@@ -311,6 +333,7 @@ BAD = [
     (dict(replay_size=16, min_replay_size=8, num_envs=32), "--replay-size must hold one insert of --num-envs"),
     (dict(resume=True, overwrite=True), "--resume and --overwrite exclude each other"),
 ]
+USFA_BAD = [(dict(priority_from_q=True), "--priority-from-q needs --learned-cumulants")]
 
 
 @scripts
@@ -321,3 +344,11 @@ def test_bad_arguments_stop_with_one_line(script, overrides, message, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+@pytest.mark.parametrize("overrides, message", USFA_BAD, ids=[m for _, m in USFA_BAD])
+def test_usfa_bad_arguments_stop_with_one_line(overrides, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        SCRIPTS["usfa"].main(SCRIPTS["usfa"].Args(**overrides))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and message in err[0]
