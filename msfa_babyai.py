@@ -82,6 +82,9 @@ class Args:
     """stop after this many minutes of wall time (compilation included), evaluating and saving first"""
     truncate_task_input: bool = False
     """feed int32(w) to the agent as the original code did ([1,1,.5,.5] became [1,1,0,0]); rewards use float w"""
+    time_limit_is_termination: bool = False
+    """the original's time limit: an episode's last transition is learned as a terminal one (no bootstrap) instead
+    of being masked; its learned cumulant then needs the final view, which replay stores"""
 
     num_modules: int = 4
     """FARM modules; each owns an equal slice of the task vector"""
@@ -264,6 +267,8 @@ class Step(NamedTuple):
     action: jax.Array  # int32, taken at obs
     reward: jax.Array  # float32, received for action
     phi: jax.Array  # float32 [C], the env's cumulant of the same transition: reward = phi . w
+    final_obs: jax.Array  # uint8 [5, 5, 3]: the view the action led to where it ended the episode (kept only with
+    #                       --time-limit-is-termination, for the learned cumulant of that transition; else [0])
 
 
 class Sequence(NamedTuple):
@@ -285,23 +290,42 @@ def core_step(core, rgb, prev_action, prev_reward, state):
 
 
 def unroll(core, render, seq: Sequence):
-    """The states h [T, ...] along a sequence, resetting at episode starts (the torso runs outside the scan)."""
+    """The recurrent states (h, c) [T, ...] along a sequence, resetting at episode starts (the torso runs outside
+    the scan)."""
     maps = jax.vmap(lambda o: core.torso(render(o)))(seq.steps.obs)
     vectors = jax.vmap(partial(oar_vector, num_actions=NUM_ACTIONS))(seq.steps.prev_action, seq.steps.prev_reward)
 
     def step(state, x):
         image_map, vector, first = x
         state = core.recur(image_map, vector, reset_where(first, state, core.initial_state()))
-        return state, state[0]
+        return state, state
 
-    _, h = jax.lax.scan(step, seq.state, (maps, vectors, seq.steps.first))
-    return h
+    _, states = jax.lax.scan(step, seq.state, (maps, vectors, seq.steps.first))
+    return states
+
+
+def keeps_final_view(args) -> bool:
+    """Whether replay stores the view that ends an episode (see Step.final_obs)."""
+    return args.time_limit_is_termination
+
+
+def next_states(core, render, seq: Sequence, states, args):
+    """h_{t+1} [T-1, ...] of each transition t, for its learned cumulant phi(h_{t+1}, h_t): the next step's state;
+    with --time-limit-is-termination, where the episode ended at t, the state after its final view instead (the
+    next step belongs to another episode; without the flag that transition is masked)."""
+    h_next = states[0][1:]
+    if not keeps_final_view(args):
+        return h_next
+    s = seq.steps
+    final, _ = jax.vmap(partial(core_step, core))(jax.vmap(render)(s.final_obs[:-1]), s.action[:-1], s.reward[:-1],
+                                                  jax.tree.map(lambda x: x[:-1], states))
+    return jnp.where(s.first[1:].reshape((-1,) + (1,) * (h_next.ndim - 1)), final, h_next)
 
 
 # =====================================================================================================================
 # n-step targets, priorities and the MSFA losses
 # =====================================================================================================================
-def n_step_targets(rewards, values, continues, n: int, gamma: float):
+def n_step_targets(rewards, values, continues, n: int, gamma: float, terminal_at_end: bool = False):
     """Truncated n-step targets for the T-1 transitions of a sequence of T steps.
 
     rewards [T-1, ...]: reward (or cumulant) of transition t (step t -> t+1).
@@ -310,6 +334,9 @@ def n_step_targets(rewards, values, continues, n: int, gamma: float):
     G_t = sum_{i<m} gamma^i rewards[t+i] + gamma^m values[t+m], with m = min(n, the steps left in t's episode
     within the sequence). Transition t is valid if m >= 1; the last transition of an episode (its next observation
     was never seen: the time limit is a truncation) has m = 0 and is masked. Returns (targets, valid).
+    terminal_at_end (the original's "time limit = termination"): the episode's last transition counts too, and a
+    return that reaches the episode's end sums its rewards up to and including that transition and bootstraps
+    nothing; every transition is valid.
     """
     num = rewards.shape[0]
     extra = (None,) * (rewards.ndim - 1)
@@ -319,13 +346,19 @@ def n_step_targets(rewards, values, continues, n: int, gamma: float):
     total = jnp.zeros_like(rewards)
     discount = jnp.ones(num, rewards.dtype)
     boot = t
-    alive = jnp.ones(num, bool)
+    alive = jnp.ones(num, bool)  # transition t + i belongs to t's episode
+    ended = jnp.zeros(num, bool)  # the return reached the episode's end (terminal_at_end only)
     for i in range(n):
-        alive = alive & continues_p[t + i]
-        total = total + jnp.where(alive, discount, 0.0)[(...,) + extra] * rewards_p[t + i]
-        discount = jnp.where(alive, discount * gamma, discount)
-        boot = jnp.where(alive, t + i + 1, boot)
-    return total + discount[(...,) + extra] * values[boot], boot > t
+        counted = alive & (t + i < num)
+        if not terminal_at_end:  # a transition counts only if its next observation was seen
+            counted = counted & continues_p[t + i]
+        total = total + jnp.where(counted, discount, 0.0)[(...,) + extra] * rewards_p[t + i]
+        discount = jnp.where(counted, discount * gamma, discount)
+        boot = jnp.where(counted, t + i + 1, boot)
+        ended = ended | (counted & ~continues_p[t + i])
+        alive = counted & continues_p[t + i]
+    bootstrap = jnp.where(ended, 0.0, discount)[(...,) + extra] * values[boot]
+    return total + bootstrap, boot > t
 
 
 def double_q_bootstrap(q_online, values_target):
@@ -354,10 +387,10 @@ def importance_weights(probabilities, exponent: float):
 
 
 def successor_features(net, target_net, render, seq: Sequence):
-    """States h [T, ...] along a sequence, and the online and (stop-gradient) target psi [T, A, C] of z = w."""
-    h = unroll(net.core, render, seq)
-    h_target = jax.lax.stop_gradient(unroll(target_net.core, render, seq))
-    return h, jax.vmap(net.psi)(h, seq.steps.w), jax.vmap(target_net.psi)(h_target, seq.steps.w)
+    """States (h, c) [T, ...] along a sequence, and the online and (stop-gradient) target psi [T, A, C] of z = w."""
+    states = unroll(net.core, render, seq)
+    h_target = jax.lax.stop_gradient(unroll(target_net.core, render, seq)[0])
+    return states, jax.vmap(net.psi)(states[0], seq.steps.w), jax.vmap(target_net.psi)(h_target, seq.steps.w)
 
 
 def sf_td_error(psi, psi_target, cumulants, seq: Sequence, args: Args):
@@ -366,7 +399,7 @@ def sf_td_error(psi, psi_target, cumulants, seq: Sequence, args: Args):
     s = seq.steps
     q = jnp.einsum("tac,tc->ta", psi, s.w)
     targets, valid = n_step_targets(cumulants, double_q_bootstrap(q, psi_target), ~s.first[1:], args.n_step,
-                                    args.gamma)
+                                    args.gamma, args.time_limit_is_termination)
     return jax.lax.stop_gradient(targets) - psi[jnp.arange(q.shape[0] - 1), s.action[:-1]], valid
 
 
@@ -375,15 +408,15 @@ def sequence_loss(net: MSFANetwork, target_net: MSFANetwork, render, seq: Sequen
 
     step_mask [T-1] (optional) keeps only some transitions: the masking test uses it to look at one episode."""
     s = seq.steps
-    h, psi, psi_target = successor_features(net, target_net, render, seq)  # psi [T, A, C]
+    states, psi, psi_target = successor_features(net, target_net, render, seq)  # psi [T, A, C]
     q = jnp.einsum("tac,tc->ta", psi, s.w)
     q_target = jnp.einsum("tac,tc->ta", psi_target, s.w)
-    phi = jax.vmap(net.phi)(h[1:], h[:-1])  # [T-1, C]: cumulant of transition t
+    phi = jax.vmap(net.phi)(next_states(net.core, render, seq, states, args), states[0][:-1])  # [T-1, C]
     steps, taken = jnp.arange(q.shape[0] - 1), s.action[:-1]
 
     # n-step double Q-learning on Q = psi . w
     q_targets, valid = n_step_targets(s.reward[:-1], double_q_bootstrap(q, q_target), ~s.first[1:], args.n_step,
-                                      args.gamma)
+                                      args.gamma, args.time_limit_is_termination)
     if step_mask is not None:
         valid = valid & step_mask
     delta_q = jax.lax.stop_gradient(q_targets) - q[steps, taken]
@@ -500,8 +533,8 @@ def init_train_state(setup: Setup, args: Args, key) -> TrainState:
         rnn=jax.tree.map(lambda x: jnp.broadcast_to(x, (e,) + x.shape), net.core.initial_state()),
         epsilon=jax.random.choice(k_eps, setup.epsilons, (e,)), episode_return=jnp.zeros(e))
     example = jax.tree.map(lambda x: x[0], make_sequences(
-        jax.tree.map(lambda x: jnp.zeros((args.sequence_period,) + x.shape, x.dtype), current_step(actors)),
-        actors, actors.rnn))
+        jax.tree.map(lambda x: jnp.zeros((args.sequence_period,) + x.shape, x.dtype), current_step(actors, args)),
+        actors, actors.rnn, args))
     state = TrainState(params=params, target_params=target_params, opt_state=setup.optimizer.init(params),
                        buffer=setup.buffer.init(example), actors=actors, key=k_run,
                        env_steps=jnp.zeros((), jnp.int32), sgd_steps=jnp.zeros((), jnp.int32))
@@ -509,16 +542,18 @@ def init_train_state(setup: Setup, args: Args, key) -> TrainState:
     return jax.tree.map(lambda x: jnp.asarray(x, x.dtype), state)
 
 
-def current_step(actors: Actor) -> Step:
+def current_step(actors: Actor, args: Args) -> Step:
     """The step every env is at now, before it acts (action and reward are placeholders)."""
     return Step(obs=actors.obs.image, w=actors.obs.w, prev_action=actors.prev_action, prev_reward=actors.prev_reward,
                 first=actors.first, action=actors.prev_action, reward=actors.prev_reward,
-                phi=jnp.zeros_like(actors.obs.w))
+                phi=jnp.zeros_like(actors.obs.w),
+                final_obs=jnp.zeros(actors.obs.image.shape if keeps_final_view(args) else actors.prev_action.shape
+                                    + (0,), jnp.uint8))
 
 
-def make_sequences(steps: Step, actors: Actor, start_rnn) -> Sequence:
+def make_sequences(steps: Step, actors: Actor, start_rnn, args: Args) -> Sequence:
     """One sequence per env: the period's steps [P, E] plus the step the envs are at now (action/reward 0)."""
-    last = current_step(actors)._replace(action=jnp.zeros_like(actors.prev_action),
+    last = current_step(actors, args)._replace(action=jnp.zeros_like(actors.prev_action),
                                          reward=jnp.zeros_like(actors.prev_reward))
     steps = jax.tree.map(lambda xs, x: jnp.concatenate([xs, x[None]]), steps, last)
     return Sequence(steps=jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), state=start_rnn)
@@ -538,7 +573,9 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     action = jnp.where(explore, jax.random.randint(k_action, (e,), 0, NUM_ACTIONS), jnp.argmax(q, -1))
     obs, env_state, reward, _, truncated, info = jax.vmap(env.step, (0, 0, 0, None))(
         jax.random.split(k_env, e), actors.env_state, action, setup.env_params)
-    step = current_step(actors)._replace(action=action, reward=reward, phi=info["phi"])
+    step = current_step(actors, args)._replace(action=action, reward=reward, phi=info["phi"])
+    if keeps_final_view(args):
+        step = step._replace(final_obs=info["final_image"])
     episode_return = actors.episode_return + reward
     finished = {"done": truncated, "return": episode_return, "task": jnp.argmax(actors.obs.w, -1)}
     actors = Actor(
@@ -576,7 +613,7 @@ def train_iteration(setup: Setup, args: Args, state: TrainState, _):
     start_rnn = state.actors.rnn
     actors, (steps, finished) = jax.lax.scan(
         partial(act_step, setup, args, state.params), state.actors, jax.random.split(k_act, args.sequence_period))
-    buffer = setup.buffer.add(state.buffer, make_sequences(steps, actors, start_rnn))
+    buffer = setup.buffer.add(state.buffer, make_sequences(steps, actors, start_rnn, args))
     state = state._replace(buffer=buffer, actors=actors, key=key,
                            env_steps=state.env_steps + steps_per_iteration(args))
 

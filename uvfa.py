@@ -82,6 +82,9 @@ class Args:
     """stop after this many minutes of wall time (compilation included), evaluating and saving first"""
     truncate_task_input: bool = False
     """feed int32(w) to the agent as the original code did ([1,1,.5,.5] became [1,1,0,0]); rewards use float w"""
+    time_limit_is_termination: bool = False
+    """the original's time limit: an episode's last transition is learned as a terminal one (no bootstrap) instead
+    of being masked"""
 
     env: str = "babyai"
     """environment (only babyai so far)"""
@@ -277,23 +280,24 @@ def core_step(core, rgb, prev_action, prev_reward, state):
 
 
 def unroll(core, render, seq: Sequence):
-    """The states h [T, ...] along a sequence, resetting at episode starts (the torso runs outside the scan)."""
+    """The recurrent states (h, c) [T, ...] along a sequence, resetting at episode starts (the torso runs outside
+    the scan)."""
     maps = jax.vmap(lambda o: core.torso(render(o)))(seq.steps.obs)
     vectors = jax.vmap(partial(oar_vector, num_actions=NUM_ACTIONS))(seq.steps.prev_action, seq.steps.prev_reward)
 
     def step(state, x):
         image_map, vector, first = x
         state = core.recur(image_map, vector, reset_where(first, state, core.initial_state()))
-        return state, state[0]
+        return state, state
 
-    _, h = jax.lax.scan(step, seq.state, (maps, vectors, seq.steps.first))
-    return h
+    _, states = jax.lax.scan(step, seq.state, (maps, vectors, seq.steps.first))
+    return states
 
 
 # =====================================================================================================================
 # n-step targets, priorities and the n-step double Q-learning loss
 # =====================================================================================================================
-def n_step_targets(rewards, values, continues, n: int, gamma: float):
+def n_step_targets(rewards, values, continues, n: int, gamma: float, terminal_at_end: bool = False):
     """Truncated n-step targets for the T-1 transitions of a sequence of T steps.
 
     rewards [T-1, ...]: reward (or cumulant) of transition t (step t -> t+1).
@@ -302,6 +306,9 @@ def n_step_targets(rewards, values, continues, n: int, gamma: float):
     G_t = sum_{i<m} gamma^i rewards[t+i] + gamma^m values[t+m], with m = min(n, the steps left in t's episode
     within the sequence). Transition t is valid if m >= 1; the last transition of an episode (its next observation
     was never seen: the time limit is a truncation) has m = 0 and is masked. Returns (targets, valid).
+    terminal_at_end (the original's "time limit = termination"): the episode's last transition counts too, and a
+    return that reaches the episode's end sums its rewards up to and including that transition and bootstraps
+    nothing; every transition is valid.
     """
     num = rewards.shape[0]
     extra = (None,) * (rewards.ndim - 1)
@@ -311,13 +318,19 @@ def n_step_targets(rewards, values, continues, n: int, gamma: float):
     total = jnp.zeros_like(rewards)
     discount = jnp.ones(num, rewards.dtype)
     boot = t
-    alive = jnp.ones(num, bool)
+    alive = jnp.ones(num, bool)  # transition t + i belongs to t's episode
+    ended = jnp.zeros(num, bool)  # the return reached the episode's end (terminal_at_end only)
     for i in range(n):
-        alive = alive & continues_p[t + i]
-        total = total + jnp.where(alive, discount, 0.0)[(...,) + extra] * rewards_p[t + i]
-        discount = jnp.where(alive, discount * gamma, discount)
-        boot = jnp.where(alive, t + i + 1, boot)
-    return total + discount[(...,) + extra] * values[boot], boot > t
+        counted = alive & (t + i < num)
+        if not terminal_at_end:  # a transition counts only if its next observation was seen
+            counted = counted & continues_p[t + i]
+        total = total + jnp.where(counted, discount, 0.0)[(...,) + extra] * rewards_p[t + i]
+        discount = jnp.where(counted, discount * gamma, discount)
+        boot = jnp.where(counted, t + i + 1, boot)
+        ended = ended | (counted & ~continues_p[t + i])
+        alive = counted & continues_p[t + i]
+    bootstrap = jnp.where(ended, 0.0, discount)[(...,) + extra] * values[boot]
+    return total + bootstrap, boot > t
 
 
 def double_q_bootstrap(q_online, values_target):
@@ -350,13 +363,13 @@ def sequence_loss(net: UVFANetwork, target_net: UVFANetwork, render, seq: Sequen
 
     step_mask [T-1] (optional) keeps only some transitions: the masking test uses it to look at one episode."""
     s = seq.steps
-    h = unroll(net.core, render, seq)
-    h_target = jax.lax.stop_gradient(unroll(target_net.core, render, seq))
+    h = unroll(net.core, render, seq)[0]
+    h_target = jax.lax.stop_gradient(unroll(target_net.core, render, seq)[0])
     q = jax.vmap(net.q)(h, s.w)  # [T, A]
     q_target = jax.vmap(target_net.q)(h_target, s.w)
     steps, taken = jnp.arange(q.shape[0] - 1), s.action[:-1]
     targets, valid = n_step_targets(s.reward[:-1], double_q_bootstrap(q, q_target), ~s.first[1:], args.n_step,
-                                    args.gamma)
+                                    args.gamma, args.time_limit_is_termination)
     if step_mask is not None:
         valid = valid & step_mask
     delta = jax.lax.stop_gradient(targets) - q[steps, taken]

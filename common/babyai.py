@@ -245,7 +245,9 @@ class GotoAvoid(environment.Environment[EnvState, EnvParams]):
         truncated = self.is_truncated(stepped, params)
         state = self.reset_where(key_reset, stepped, truncated, params)
         terminated = jnp.zeros((), bool)
-        info = {**info, "terminated": terminated, "truncated": truncated}
+        # the view the action led to, before any reset: what a learner that treats the time limit as a termination
+        # needs for its last transition (under jit it costs nothing where unused)
+        info = {**info, "terminated": terminated, "truncated": truncated, "final_image": self.observe(stepped).image}
         return self.observe(state), state, reward, terminated, truncated, info
 
     def is_terminated(self, state: EnvState, params: EnvParams) -> jax.Array:

@@ -77,6 +77,22 @@ def test_n_step_targets_cut_at_an_episode_end(script):
 
 
 @scripts
+def test_n_step_targets_with_the_time_limit_as_a_termination(script):
+    """--time-limit-is-termination: the same episode end, but transition 2 (the last of its episode) is learned with
+    target r_2, and returns reaching the end stop there without bootstrapping."""
+    rewards = jnp.array([1.0, 2, 3, 4, 5])
+    values = jnp.array([10.0, 20, 30, 40, 50, 60])
+    continues = jnp.array([True, True, False, True, True])
+    g, valid = script.n_step_targets(rewards, values, continues, n=2, gamma=0.5, terminal_at_end=True)
+    assert valid.all()
+    np.testing.assert_allclose(g, [1 + 1 + 7.5, 2 + 0.5 * 3, 3, 4 + 2.5 + 15, 5 + 30])
+    # vector cumulants end the same way in every dimension
+    g, _ = script.n_step_targets(jnp.stack([rewards, -rewards], -1), jnp.stack([values, values], -1), continues,
+                                 n=2, gamma=0.5, terminal_at_end=True)
+    np.testing.assert_allclose(g[:3, 1], [-1 - 1 + 7.5, -2 - 1.5, -3])
+
+
+@scripts
 def test_n_step_targets_of_vector_cumulants_are_per_dimension(script):
     rewards = jnp.array([[1.0, 0], [0, 1], [1, 1]])
     values = jnp.array([[0.0, 0], [0, 0], [0, 0], [8, 4]])
@@ -209,6 +225,60 @@ def test_transition_into_a_new_episode_is_masked(variant):
     assert float(loss) != 0.0
 
 
+@pytest.mark.parametrize("variant", ["msfa", "usfa", "usfa-learned", "uvfa"])
+def test_time_limit_as_termination_learns_the_last_transition(variant):
+    """With --time-limit-is-termination the episode's last transition trains (no bootstrap); learned cumulants take
+    its next state from the stored final view, so that view changes the loss and the next episode's data does not."""
+    script, settings, _ = VARIANTS[variant]
+    args = script.Args(**settings, time_limit_is_termination=True)
+    net = script.make_network(args, jax.random.PRNGKey(5))
+    target = script.make_network(args, jax.random.PRNGKey(6))
+    seq = random_sequence(script, jax.random.PRNGKey(3), args.sequence_length, net.core.initial_state(), 4, True)
+    seq = seq._replace(steps=seq.steps._replace(reward=seq.steps.reward.at[4].set(1.0)))
+    episode = jnp.arange(args.sequence_length - 1) <= 4  # transitions 0..4, 4 -> 5 ending the episode
+    step_t4 = jnp.arange(args.sequence_length - 1) == 4
+    loss, _ = sequence_objective(variant, net, target, seq, args, step_t4)
+    assert float(loss) > 0.0
+    after = (jnp.arange(args.sequence_length) > 4).reshape(-1, 1, 1, 1)
+    other = seq._replace(steps=seq.steps._replace(obs=jnp.where(after, seq.steps.obs[::-1], seq.steps.obs)))
+    base, _ = sequence_objective(variant, net, target, seq, args, episode)
+    assert float(base) == float(sequence_objective(variant, net, target, other, args, episode)[0])
+    if variant == "uvfa":  # Q-learning needs no final view
+        return
+    new_view = seq._replace(steps=seq.steps._replace(final_obs=seq.steps.final_obs.at[4].set(seq.steps.obs[0])))
+    changed = float(sequence_objective(variant, net, target, new_view, args, episode)[0])
+    assert (changed != float(base)) == (variant in ("msfa", "usfa-learned"))
+
+
+def test_env_reports_the_final_view_before_the_reset():
+    """info["final_image"] is the view the action led to: the returned observation on every step but the last,
+    where the env has already reset and returns the next episode's first view."""
+    env = GotoAvoid(obs_mode="symbolic")
+    params = env.default_params
+    obs, state = env.reset(jax.random.PRNGKey(0), params)
+    for t in range(params.max_steps_in_episode):
+        obs, state, _, _, truncated, info = env.step(jax.random.PRNGKey(t), state, jnp.int32(t % 3), params)
+        assert bool(truncated) == (t == params.max_steps_in_episode - 1)
+        assert bool(jnp.array_equal(info["final_image"], obs.image)) != bool(truncated)
+
+
+@pytest.mark.parametrize("variant", ["msfa", "usfa-learned", "uvfa"])
+def test_tiny_run_with_the_time_limit_as_termination(variant, tmp_path):
+    """Long enough for every env to cross the 200-step time limit, so replay holds final views that the loss uses."""
+    script, settings, _ = VARIANTS[variant]
+    args = script.Args(**(settings | dict(run_dir=str(tmp_path / "run"), total_timesteps=1024, log_every=512,
+                                          eval_every=1024, time_limit_is_termination=True, eval_episodes=1)))
+    script.main(args)
+    metrics = read(tmp_path / "run" / "metrics.csv")
+    assert len(metrics) == 2 and np.isfinite(float(metrics[-1]["loss"]))
+    if variant != "uvfa":
+        state = script.init_train_state(script.make_setup(args), args, jax.random.PRNGKey(0))
+        assert state.buffer.experience.steps.final_obs.shape[-3:] == (5, 5, 3)
+        plain = dataclasses.replace(args, time_limit_is_termination=False)
+        state = script.init_train_state(script.make_setup(plain), plain, jax.random.PRNGKey(0))
+        assert state.buffer.experience.steps.final_obs.shape[-1] == 0  # nothing stored without the flag
+
+
 @pytest.mark.parametrize("variant", ["msfa", "usfa", "uvfa", "uvfa-farm"])
 def test_recurrent_state_is_reset_at_episode_starts(variant):
     script, settings, _ = VARIANTS[variant]
@@ -216,11 +286,11 @@ def test_recurrent_state_is_reset_at_episode_starts(variant):
     net = script.make_network(args, jax.random.PRNGKey(8))
     stored = jax.tree.map(lambda x: x + 0.1, net.core.initial_state())
     seq = random_sequence(script, jax.random.PRNGKey(7), args.sequence_length, stored, episode_end=3)
-    h = script.unroll(net.core, RENDER, seq)
+    h = script.unroll(net.core, RENDER, seq)[0]
     # the new episode from step 4 on sees nothing of the stored state or of steps 0..3
     fresh = seq._replace(steps=jax.tree.map(lambda x: x[4:], seq.steps), state=net.core.initial_state())
-    np.testing.assert_allclose(h[4:], script.unroll(net.core, RENDER, fresh), atol=1e-6)
-    assert not np.allclose(h[:4], script.unroll(net.core, RENDER, seq._replace(state=net.core.initial_state()))[:4])
+    np.testing.assert_allclose(h[4:], script.unroll(net.core, RENDER, fresh)[0], atol=1e-6)
+    assert not np.allclose(h[:4], script.unroll(net.core, RENDER, seq._replace(state=net.core.initial_state()))[0][:4])
 
 
 # -------------------------------------------------------------------------------------------------------------- GPI
