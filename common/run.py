@@ -183,6 +183,9 @@ class CsvLog:
         if path.exists() and path.stat().st_size:
             with path.open(newline="") as f:
                 self.fields = next(csv.reader(f))
+            require(self.fields[:1] == fields[:1],
+                    f"{path} does not start with a header line ({','.join(fields[:3])},...): another process wrote "
+                    "to it; move the run directory away or start a new one")
         else:
             with path.open("w", newline="") as f:
                 csv.writer(f).writerow(fields)

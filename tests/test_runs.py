@@ -279,3 +279,26 @@ def test_evaluate_bad_input_gets_one_line(overrides, message, finished, capsys):
 
     line = one_line_exit(capsys, lambda: evaluate.main(evaluate.Args(**({"run_dir": str(finished)} | overrides))))
     assert message in line, line
+
+
+# --------------------------------------------------------------------------------------------- CSV logs (CsvLog)
+def test_a_csv_written_by_an_older_version_keeps_its_columns(tmp_path):
+    """A run resumed by a newer script version goes on under the file's own header, without the new columns."""
+    from common.run import CsvLog
+
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,seed,loss\n10,1,0.5\n")
+    CsvLog(path, ["step", "seed", "loss", "phi_corr_1"]).write([{"step": 20, "seed": 1, "loss": 0.25,
+                                                                  "phi_corr_1": 0.9}])
+    assert path.read_text() == "step,seed,loss\n10,1,0.5\n20,1,0.25\n"
+
+
+def test_a_csv_without_a_header_is_refused(tmp_path):
+    """A file whose first line is data (another process appended to a removed run's file) is not taken as a header."""
+    from common.run import ConfigError, CsvLog
+
+    path = tmp_path / "metrics.csv"
+    path.write_text("30720,1,84.1\n")
+    with pytest.raises(ConfigError, match="does not start with a header line"):
+        CsvLog(path, ["step", "seed", "sps"])
+    assert path.read_text() == "30720,1,84.1\n"
