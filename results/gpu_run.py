@@ -12,7 +12,7 @@ to summary.json.
     python -m results.gpu_run BUDGET_SECONDS OUT_DIR [--num-seeds 10] [--extra "--num-envs 4 ..."]
 
 OUT_DIR then holds at most 8 files: summary.json, results.tar.gz (every run's config.json, metrics.csv, eval.csv
-and log) and params_<method>.tar.gz for the first methods (as many seeds' parameter files as fit in 15 MiB).
+and log) and up to six params_<method>[_<k>].tar.gz of at most 15 MiB, shared among the methods that ran.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ METHODS = {  # in the order the paper's claims need them: name -> script and fla
     "mvfa": "uvfa.py --modular",
 }
 MAX_FILE_BYTES = 15 * 2**20
+PARAMS_ARCHIVES = 6
 
 
 @dataclass
@@ -87,27 +88,38 @@ def last_step(run_dir: Path) -> int:
 
 
 def pack(work: Path, out: Path, started: list[str], summary: dict) -> None:
-    """results.tar.gz with every run's small files, and params_<method>.tar.gz with the parameter files that fit
-    (their seeds noted in summary)."""
+    """results.tar.gz with every run's small files; and the parameter files, in archives of at most 15 MiB, the six
+    archive slots (8 files at most: summary, results and six) shared among the methods that wrote any, in order:
+    params_<method>.tar.gz, params_<method>_2.tar.gz, ... (a method's seeds in order; the seeds packed are noted in
+    summary). One MSFA seed is 8.7 MB, so one archive holds one seed: two methods bring back three seeds each."""
     with tarfile.open(out / "results.tar.gz", "w:gz") as tar:
         for name in started:
             for f in ("config.json", "metrics.csv", "eval.csv"):
                 if (work / name / f).exists():
                     tar.add(work / name / f, arcname=f"{name}/{f}")
             tar.add(work / f"{name}.log", arcname=f"{name}/train.log")
-    for name in started[:6]:  # 8 files at most: summary, results and six parameter archives
-        files = sorted((work / name).glob("params_seed*.eqx"), key=lambda p: int(p.stem.split("seed")[1]))
-        chosen, size = [], 0
-        for f in files:
-            if size + f.stat().st_size > MAX_FILE_BYTES:
+    params = {name: sorted((work / name).glob("params_seed*.eqx"), key=lambda p: int(p.stem.split("seed")[1]))
+              for name in started}
+    with_params = [name for name in started if params[name]]
+    for i, name in enumerate(with_params):
+        slots = PARAMS_ARCHIVES // len(with_params) + (i < PARAMS_ARCHIVES % len(with_params))
+        groups, size = [[]], 0
+        for f in params[name]:
+            if f.stat().st_size > MAX_FILE_BYTES:
                 break
-            chosen.append(f)
+            if size + f.stat().st_size > MAX_FILE_BYTES:
+                groups.append([])
+                size = 0
+            groups[-1].append(f)
             size += f.stat().st_size
-        if chosen:
-            with tarfile.open(out / f"params_{name}.tar.gz", "w:gz") as tar:
-                for f in chosen:
+        groups = [g for g in groups if g][:slots]
+        for k, group in enumerate(groups):
+            with tarfile.open(out / f"params_{name}{'' if k == 0 else f'_{k + 1}'}.tar.gz", "w:gz") as tar:
+                for f in group:
                     tar.add(f, arcname=f"{name}/{f.name}")
-        summary[name]["params_seeds"] = [int(f.stem.split("seed")[1]) for f in chosen]
+        summary[name]["params_seeds"] = [int(f.stem.split("seed")[1]) for g in groups for f in g]
+    for name in started:
+        summary[name].setdefault("params_seeds", [])
 
 
 @exit_on_config_error

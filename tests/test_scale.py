@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import msfa_babyai as msfa
 from common.run import parse_args
+from results import gpu_run
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--num-envs", "4", "--sequence-period", "8", "--sequence-length", "9", "--replay-size", "64",
@@ -85,3 +87,28 @@ def test_gpu_run_trains_in_priority_order_within_its_budget_and_leaves_what_can_
         header = json.loads(tar.extractfile("msfa/params_seed2.eqx").readline())
     assert header["seed"] == 2 and header["step"] == 128 and header["method"] == "MSFA"
     assert not (work / "msfa" / "checkpoint.eqx").exists()  # --no-checkpoint: no replay-sized files
+
+
+@pytest.mark.parametrize("methods, expected", [
+    (["msfa", "usfa_learned"], {"msfa": [1, 2, 3], "usfa_learned": [1, 2, 3]}),
+    (list(gpu_run.METHODS), {m: [1] if i < 6 else [] for i, m in enumerate(gpu_run.METHODS)}),
+], ids=["two methods", "nine methods"])
+def test_parameter_archives_share_the_six_slots(methods, expected, tmp_path, monkeypatch):
+    """One seed per archive (files of 60 bytes, archives of at most 100): the six slots go round the methods."""
+    monkeypatch.setattr(gpu_run, "MAX_FILE_BYTES", 100)
+    work, out = tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    for name in methods:
+        (work / name).mkdir(parents=True)
+        (work / f"{name}.log").write_text("log")
+        for seed in range(1, 5):
+            (work / name / f"params_seed{seed}.eqx").write_bytes(bytes(60))
+    summary = {name: {} for name in methods}
+    gpu_run.pack(work, out, methods, summary)
+    assert {name: summary[name]["params_seeds"] for name in methods} == expected
+    archives = sorted(p.name for p in out.glob("params_*"))
+    assert len(archives) == 6 and len(list(out.iterdir())) == 7
+    if len(methods) == 2:
+        assert "params_msfa_3.tar.gz" in archives and "params_usfa_learned_4.tar.gz" not in archives
+        with tarfile.open(out / "params_usfa_learned_2.tar.gz") as tar:
+            assert tar.getnames() == ["usfa_learned/params_seed2.eqx"]

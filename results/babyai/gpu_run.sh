@@ -3,7 +3,7 @@
 #   bash results/babyai/gpu_run.sh BUDGET_SECONDS OUT_DIR [more flags for results/gpu_run.py]
 # It trains the paper's BabyAI protocol (every script's defaults, 10 seeds per method) for as many methods as the
 # budget allows, in the order the paper's claims need them, stops cleanly before the budget ends, and leaves at most
-# 8 files of at most 16 MiB in OUT_DIR (summary.json, results.tar.gz, params_<method>.tar.gz).
+# 8 files of at most 16 MiB in OUT_DIR (summary.json, results.tar.gz, params_<method>[_<k>].tar.gz).
 # The GPU machine lacks flashbax, gymnax, tyro, minigrid and tensorboardX: build their wheels here first with
 # `bash results/babyai/gpu_wheels.sh` (into .whl/) and carry .whl; this script installs them when they are missing.
 # Tests run it on the CPU with a tiny budget and tiny settings (--extra "..."): the same commands, smaller numbers.
