@@ -554,7 +554,7 @@ def current_step(actors: Actor, args: Args) -> Step:
 def make_sequences(steps: Step, actors: Actor, start_rnn, args: Args) -> Sequence:
     """One sequence per env: the period's steps [P, E] plus the step the envs are at now (action/reward 0)."""
     last = current_step(actors, args)._replace(action=jnp.zeros_like(actors.prev_action),
-                                         reward=jnp.zeros_like(actors.prev_reward))
+                                               reward=jnp.zeros_like(actors.prev_reward))
     steps = jax.tree.map(lambda xs, x: jnp.concatenate([xs, x[None]]), steps, last)
     return Sequence(steps=jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), state=start_rnn)
 
