@@ -236,8 +236,9 @@ def load_checkpoint(path: Path, skeleton):
             state = eqx.tree_deserialise_leaves(f, skeleton)
             trailing = f.read(1)
         except Exception as e:  # equinox raises several types for short or mismatched files
-            raise ConfigError(f"{path} is truncated or holds another run's state ({type(e).__name__}); "
-                              "metrics.csv and eval.csv are untouched") from None
+            raise ConfigError(f"{path} is truncated, holds another run's state, or was written by a version of "
+                              f"the script with another replay layout ({type(e).__name__}); metrics.csv and eval.csv "
+                              "are untouched") from None
     require(not trailing, f"{path} is longer than this run's state: it belongs to another run or settings; "
                           "metrics.csv and eval.csv are untouched")
     return state, meta
@@ -295,7 +296,9 @@ class RunDir:
         config = _read_config(self.path / "config.json")
         require(config is not None, f"--resume: {self.path / 'config.json'} is missing or unreadable; the run's "
                                     "settings are unknown, so it cannot be resumed")
-        saved = config["args"]
+        # a setting the run's script did not have yet was its default then: the behaviour before it existed
+        saved = {f.name: json.loads(json.dumps(f.default)) for f in dataclasses.fields(args)
+                 if f.default is not dataclasses.MISSING} | config["args"]
         given = {k: json.loads(json.dumps(v)) for k, v in dataclasses.asdict(args).items()}
         changed = sorted(k for k in given if k not in NOT_SETTINGS + SAFE_TO_CHANGE and given[k] != saved.get(k))
         require(not changed, f"--resume: {', '.join(changed)} cannot change in a resumed run (saved: "

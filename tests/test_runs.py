@@ -147,6 +147,25 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(finished, capsys):
     assert digests(finished) == before
 
 
+def test_a_run_saved_before_a_setting_existed_resumes_with_its_default(finished, tmp_path, capsys):
+    """config.json of an older script version lacks the newer flags: they were at their defaults, so resuming is
+    not refused as a change (here the run is finished, which is said, not refused)."""
+    old = tmp_path / "old"
+    shutil.copytree(finished, old)
+    config = json.loads((old / "config.json").read_text())
+    for name in ("time_limit_is_termination", "priority_from_q"):
+        del config["args"][name]
+    (old / "config.json").write_text(json.dumps(config))
+    line = one_line_exit(capsys, lambda: msfa.main(parse_args(msfa.Args, ["--resume", "--run-dir", str(old)])),
+                         code=0)
+    assert "finished at step 128" in line
+    config["args"]["priority_from_q"] = True  # a saved value that differs from the command line is still refused
+    (old / "config.json").write_text(json.dumps(config))
+    line = one_line_exit(capsys, lambda: msfa.main(parse_args(msfa.Args, ["--resume", "--run-dir", str(old),
+                                                                          "--no-priority-from-q"])), code=2)
+    assert "priority_from_q" in line and "cannot change" in line
+
+
 def test_resume_refuses_a_changed_setting_that_is_not_safe_to_change(finished, capsys):
     before = digests(finished)
     line = one_line_exit(capsys, lambda: msfa.main(parse_args(
