@@ -466,10 +466,10 @@ class StopSignals:
 
 CUMULANT_SUMS = ("count", "phi", "phi_sq", "env", "env_sq", "phi_env", "pickups", "error_pickup", "error_other")
 """The sums over transitions [9, C] (this order) that a script with learned cumulants reports per SGD step as
-"cumulant_stats", and that results/analyze.py computes from greedy episodes: per category k, the count of
-transitions, sum phi^k, sum (phi^k)^2, sum phi_env^k, sum (phi_env^k)^2, sum phi^k phi_env^k, the number of pickups
-of category k (phi_env^k != 0), and sum |phi^k - phi_env^k| over the pickup and the other transitions. Sums, not
-means, so that SGD steps and chunks pool exactly."""
+"cumulant_stats" (its function `cumulant_stats`, which results/analyze.py also calls on greedy episodes): per
+category k, the count of transitions, sum phi^k, sum (phi^k)^2, sum phi_env^k, sum (phi_env^k)^2,
+sum phi^k phi_env^k, the number of pickups of category k (phi_env^k != 0), and sum |phi^k - phi_env^k| over the
+pickup and the other transitions. Sums, not means, so that SGD steps and chunks pool exactly."""
 
 
 def cumulant_quality(sums) -> dict[str, np.ndarray]:

@@ -24,7 +24,6 @@ env resets at the time limit before the final view is seen), so the statistics u
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +34,7 @@ import numpy as np
 import tyro
 
 from common.babyai import CATEGORY_KINDS, TEST_TASKS, TRAIN_TASKS, EnvParams, format_task
-from common.run import CUMULANT_SUMS, cumulant_quality, exit_on_config_error, require
+from common.run import cumulant_quality, exit_on_config_error, require
 from results.evaluate import load_agent, parse_tasks
 
 PAPER_TABLE_A = {  # the paper's Table A: task -> (MSFA, USFA-learned-phi), mean ± std over 40 episodes per task
@@ -107,10 +106,11 @@ def module_groups(agent: Agent, num_categories: int) -> int:
 def rollout(agent: Agent, tasks: np.ndarray, episodes: int, use_gpi: bool, key) -> dict[str, np.ndarray]:
     """Greedy episodes [tasks, episodes, T, ...] of one saved seed. The policy is the script's own evaluation policy
     (its q_values / gpi_q_values), with make_evaluate's key layout, so the returns equal its evaluation's. Returns
-    reward [.., T], phi_env [.., T, C], phi [.., T-1, C] (learned cumulants, where the method has them) and
-    contribution [.., T, C] (psi_c(s, a, z*) w_c of the chosen action a, z* the policy GPI chose)."""
-    script, args = agent.script, dataclasses.replace(agent.args, eval_episodes=episodes)
-    setup = script.make_setup(args)
+    reward [.., T], phi_env [.., T, C], phi [.., T-1, C] (learned cumulants, where the method has them), q [.., T]
+    (the value the policy gave the chosen action a) and contribution [.., T, C] (psi_c(s, a, z*) w_c, z* the
+    policy GPI chose: its sum over c is q)."""
+    script = agent.script
+    setup = script.make_setup(agent.args)
     env = setup.env
     net = eqx.combine(agent.params, setup.static)
     policies = jnp.asarray(TRAIN_TASKS)
@@ -126,21 +126,20 @@ def rollout(agent: Agent, tasks: np.ndarray, episodes: int, use_gpi: bool, key) 
             env_state, obs, prev_action, prev_reward, rnn = carry
             rnn = script.core_step(net.core, env.rgb_from_symbolic(obs.image), prev_action, prev_reward, rnn)
             h = rnn[0]
+            q = script.gpi_q_values(net, h, obs.w, policies) if sf and use_gpi else script.q_values(net, h, obs.w)
+            action = jnp.argmax(q)
             if sf:
-                q = script.gpi_q_values(net, h, obs.w, policies) if use_gpi else script.q_values(net, h, obs.w)
-                action = jnp.argmax(q)
                 z = policies if use_gpi else obs.w[None]
                 psi = jax.vmap(net.psi, (None, 0))(h, z)[:, action]  # [Z, C]
                 contribution = psi[jnp.argmax(psi @ obs.w)] * obs.w
             else:
-                action = jnp.argmax(script.q_values(net, h, obs.w))
                 contribution = jnp.zeros_like(obs.w)
             obs, env_state, reward, _, _, info = env.step(key, env_state, action, env_params)
-            return (env_state, obs, action, reward, rnn), (reward, info["phi"], h, contribution)
+            return (env_state, obs, action, reward, rnn), (reward, info["phi"], h, q[action], contribution)
 
-        _, (reward, phi_env, h, contribution) = jax.lax.scan(
+        _, (reward, phi_env, h, q, contribution) = jax.lax.scan(
             step, carry0, jax.random.split(key_run, env_params.max_steps_in_episode))
-        out = {"reward": reward, "phi_env": phi_env, "contribution": contribution}
+        out = {"reward": reward, "phi_env": phi_env, "q": q, "contribution": contribution}
         if learned:
             out["phi"] = jax.vmap(net.phi)(h[1:], h[:-1])
         return out
@@ -148,17 +147,6 @@ def rollout(agent: Agent, tasks: np.ndarray, episodes: int, use_gpi: bool, key) 
     keys = jax.random.split(key, (2, len(tasks), episodes))[int(use_gpi)]  # make_evaluate's keys of this setting
     run = jax.jit(jax.vmap(jax.vmap(episode, (0, None)), (0, 0)))
     return jax.tree.map(np.asarray, run(keys, jnp.asarray(tasks)))
-
-
-def cumulant_sums(phi: np.ndarray, phi_env: np.ndarray) -> np.ndarray:
-    """CUMULANT_SUMS [9, C] over all transitions given (phi, phi_env [..., C])."""
-    phi, phi_env = phi.reshape(-1, phi.shape[-1]).astype(np.float64), phi_env.reshape(-1, phi.shape[-1])
-    picked = (phi_env != 0).astype(np.float64)
-    error = np.abs(phi - phi_env)
-    sums = np.stack([np.ones_like(phi), phi, phi**2, phi_env, phi_env**2, phi * phi_env, picked, error * picked,
-                     error * (1 - picked)]).sum(1)
-    assert len(sums) == len(CUMULANT_SUMS)
-    return sums
 
 
 def prediction_errors(trace: dict, tasks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -199,7 +187,10 @@ def quality_table(runs: dict[str, dict]) -> list[str]:
     for name, r in runs.items():
         if "phi" not in r["traces"][0]:
             continue
-        sums = sum(cumulant_sums(tr["phi"], tr["phi_env"][:, :, :-1]) for tr in r["traces"])
+        script, sums = r["agents"][0].script, 0.0
+        for tr in r["traces"]:  # the training script's own sums (common.run.CUMULANT_SUMS), pooled over seeds
+            valid = np.ones(tr["phi"].shape[:-1], bool)
+            sums = sums + np.asarray(script.cumulant_stats(tr["phi"], tr["phi_env"][:, :, :-1], valid), np.float64)
         quality = cumulant_quality(sums)
         for k, category in enumerate(CATEGORIES):
             lines.append(f"| {name} | {k + 1} ({category}) | {quality['corr'][k]:.3f} | "

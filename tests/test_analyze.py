@@ -2,12 +2,15 @@
 records are consistent with the env, Table A is computed as stated, and bad input stops with one line."""
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from common.babyai import TEST_TASKS, TRAIN_TASKS
 from helpers import VARIANTS
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])
 
@@ -25,32 +28,53 @@ def runs(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("variant, use_gpi", [("msfa", True), ("msfa", False), ("usfa", True), ("uvfa", False)])
-def test_episodes_are_the_scripts_own_evaluation_episodes(runs, variant, use_gpi):
-    """The returns equal the script's make_evaluate with the same key, for the GPI and the no-GPI policy: the
-    analysis looks at the very episodes the evaluation scores."""
+SOME_TASKS = np.array([[0, 1, 0, 0], [1, 1, 1, 1], [-1, 1, 0, 1]], np.float32)
+
+
+def check_records(agent, trace, tasks):
+    """reward = phi_env . w on every step, one pickup at most per step, learned cumulants for every transition but
+    the last, and (SF methods) the chosen policy's psi_c w_c summing to the value of the chosen action."""
+    np.testing.assert_allclose(trace["reward"], np.einsum("netc,nc->net", trace["phi_env"], tasks), atol=1e-6)
+    assert trace["phi_env"].sum(-1).max() <= 1
+    learned = agent.method.startswith("MSFA") or agent.method == "USFA (learned cumulants)"
+    assert ("phi" in trace) == learned
+    if learned:
+        assert trace["phi"].shape == trace["phi_env"][:, :, :-1].shape
+    if agent.method.startswith("UVFA"):
+        assert not trace["contribution"].any()
+    else:
+        np.testing.assert_allclose(trace["contribution"].sum(-1), trace["q"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("run, use_gpi", [("msfa", True), ("msfa", False), ("usfa_learned", True)])
+def test_episodes_are_the_scripts_own_evaluation_episodes(run, use_gpi):
+    """The committed H200 agents (trained: they pick things up, so equal returns mean something): the returns equal
+    the script's make_evaluate with the same key, for the GPI and the no-GPI policy, so the analysis looks at the
+    very episodes the evaluation scores."""
+    import jax
+
+    from results.analyze import load_agents, rollout
+
+    agent = load_agents(ROOT / "results/babyai/paper_protocol_h200" / run)[0]
+    key = jax.random.PRNGKey(3)
+    trace = rollout(agent, SOME_TASKS, 1, use_gpi, key)
+    args = dataclasses.replace(agent.args, eval_episodes=1)
+    evaluate = agent.script.make_evaluate(agent.script.make_setup(args), args, SOME_TASKS)
+    expected = np.asarray(evaluate(agent.params, key))[agent.script.GPI_SETTINGS.index(int(use_gpi))]
+    assert np.abs(expected).sum() > 5  # the check below can tell episodes apart
+    np.testing.assert_allclose(trace["reward"].sum(-1), expected, rtol=1e-6)
+    check_records(agent, trace, SOME_TASKS)
+
+
+@pytest.mark.parametrize("variant", ["usfa", "uvfa"])
+def test_records_of_methods_without_learned_cumulants(runs, variant):
+    """USFA with the env's cumulants has no learned phi (but psi contributions); the UVFA family has neither."""
     import jax
 
     from results.analyze import load_agents, rollout
 
     agent = load_agents(runs[variant])[1]
-    key = jax.random.PRNGKey(3)
-    trace = rollout(agent, TASKS, 2, use_gpi, key)
-    settings = agent.script.GPI_SETTINGS
-    args = dataclasses.replace(agent.args, eval_episodes=2)
-    evaluate = agent.script.make_evaluate(agent.script.make_setup(args), args, TASKS)
-    expected = np.asarray(evaluate(agent.params, key))[settings.index(int(use_gpi))]
-    np.testing.assert_allclose(trace["reward"].sum(-1), expected, rtol=1e-6)
-    # the env's records: reward = phi_env . w on every step, one pickup at most per step
-    np.testing.assert_allclose(trace["reward"], np.einsum("netc,nc->net", trace["phi_env"], TASKS), atol=1e-6)
-    assert trace["phi_env"].sum(-1).max() <= 1
-    assert ("phi" in trace) == (variant == "msfa")
-    if variant == "msfa":
-        assert trace["phi"].shape == trace["phi_env"][:, :, :-1].shape
-    if variant == "uvfa":
-        assert not trace["contribution"].any()
-    else:  # with GPI the chosen policy's psi . w is the GPI value of the chosen action: sum_c psi_c w_c
-        assert np.isfinite(trace["contribution"]).all()
+    check_records(agent, rollout(agent, TASKS, 2, variant == "usfa", jax.random.PRNGKey(3)), TASKS)
 
 
 def test_table_a_errors_by_hand():

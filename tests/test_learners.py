@@ -271,12 +271,22 @@ def test_tiny_run_with_the_time_limit_as_termination(variant, tmp_path):
     script.main(args)
     metrics = read(tmp_path / "run" / "metrics.csv")
     assert len(metrics) == 2 and np.isfinite(float(metrics[-1]["loss"]))
-    if variant != "uvfa":
-        state = script.init_train_state(script.make_setup(args), args, jax.random.PRNGKey(0))
-        assert state.buffer.experience.steps.final_obs.shape[-3:] == (5, 5, 3)
-        plain = dataclasses.replace(args, time_limit_is_termination=False)
-        state = script.init_train_state(script.make_setup(plain), plain, jax.random.PRNGKey(0))
-        assert state.buffer.experience.steps.final_obs.shape[-1] == 0  # nothing stored without the flag
+    if variant == "uvfa":
+        return
+    # what replay holds after 26 iterations of 8 steps in each of 4 envs (each crosses the limit at its step 200):
+    # the final view of a step is the next step's view, except where the next step starts a new episode
+    setup = script.make_setup(args)
+    state = jax.tree.map(lambda x: x[None], script.init_train_state(setup, args, jax.random.PRNGKey(0)))
+    state, _ = script.make_train_chunk(setup, args, 26)(state)
+    assert bool(state.buffer.is_full[0])  # its 64 sequences are the last 64 inserted, the episode ends among them
+    steps = jax.tree.map(lambda x: np.asarray(x[0, 0]), state.buffer.experience.steps)
+    assert steps.final_obs.shape[-3:] == (5, 5, 3)
+    same = (steps.final_obs[:, :-1] == steps.obs[:, 1:]).all(axis=(-3, -2, -1))
+    ends = steps.first[:, 1:]
+    assert ends.sum() == 4 and same[~ends].all() and not same[ends].any()
+    plain = dataclasses.replace(args, time_limit_is_termination=False)
+    state = script.init_train_state(script.make_setup(plain), plain, jax.random.PRNGKey(0))
+    assert state.buffer.experience.steps.final_obs.shape[-1] == 0  # nothing stored without the flag
 
 
 @pytest.mark.parametrize("variant", ["msfa", "usfa", "uvfa", "uvfa-farm"])
