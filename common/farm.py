@@ -20,7 +20,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from common.networks import TORSO_MAP_SHAPE, DQNTorso, LSTMCell, linear
+from common.networks import TORSOS, DQNTorso, ImpalaTorso, LSTMCell, linear
 
 
 def apply_per_module(stacked, xs):
@@ -100,15 +100,17 @@ class FARM(eqx.Module):
 
 
 class FarmCore(eqx.Module):
-    """The MSFA/UVFA-FARM state: DQN torso (its 5x5x16 map, not flattened) read by FARM modules."""
+    """The MSFA/UVFA-FARM state: the torso's map (DQN 5x5x16 or Impala 8x8x32, not flattened) read by FARM
+    modules."""
 
-    torso: DQNTorso
+    torso: DQNTorso | ImpalaTorso
     farm: FARM
 
-    def __init__(self, num_actions: int, num_modules: int, module_size: int, num_heads: int, projection: int, key):
+    def __init__(self, num_actions: int, num_modules: int, module_size: int, num_heads: int, projection: int, key,
+                 torso: str = "dqn"):
         k_torso, k_farm = jax.random.split(key)
-        self.torso = DQNTorso(k_torso)
-        height, width, channels = TORSO_MAP_SHAPE
+        torso_class, (height, width, channels) = TORSOS[torso]
+        self.torso = torso_class(k_torso)
         self.farm = FARM(num_modules, module_size, num_heads, channels=channels, num_pixels=height * width,
                          vector_size=num_actions + 1, projection=projection, key=k_farm)
 

@@ -130,21 +130,78 @@ class DQNTorso(eqx.Module):
         return self.convs[-1](x)
 
 
+IMPALA_MAP_SHAPE = (8, 8, 32)
+"""the Impala torso's output on a 64x64 RGB frame (Fruitbot, MiniHack)"""
+
+
+def max_pool(x, window: int = 3, stride: int = 2):
+    """haiku max_pool with SAME padding on [H, W, C]."""
+    return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (window, window, 1), (stride, stride, 1), "SAME")
+
+
+class ResidualBlock(eqx.Module):
+    """x + conv(relu(conv(relu(x)))), 3x3 convolutions keeping the channels."""
+
+    convs: tuple[Conv2d, Conv2d]
+
+    def __init__(self, channels: int, key):
+        k = jax.random.split(key)
+        self.convs = (Conv2d(channels, channels, 3, 1, k[0]), Conv2d(channels, channels, 3, 1, k[1]))
+
+    def __call__(self, x):
+        return x + self.convs[1](jax.nn.relu(self.convs[0](jax.nn.relu(x))))
+
+
+class ImpalaTorso(eqx.Module):
+    """The original's Impala torso (Fruitbot, MiniHack): 3 stages of (conv 3x3, max-pool 3x3/2, 2 residual blocks)
+    with 16, 32, 32 channels, then ReLU. Input uint8 [64, 64, 3]; output float [8, 8, 32]."""
+
+    stages: tuple[tuple[Conv2d, ResidualBlock, ResidualBlock], ...]
+
+    def __init__(self, key, channels: tuple[int, ...] = (16, 32, 32)):
+        keys = jax.random.split(key, 3 * len(channels))
+        stages, in_ch = [], 3
+        for i, out_ch in enumerate(channels):
+            stages.append((Conv2d(in_ch, out_ch, 3, 1, keys[3 * i]), ResidualBlock(out_ch, keys[3 * i + 1]),
+                           ResidualBlock(out_ch, keys[3 * i + 2])))
+            in_ch = out_ch
+        self.stages = tuple(stages)
+
+    def __call__(self, image):
+        x = image.astype(jnp.float32) / 255.0
+        for conv, *blocks in self.stages:
+            x = max_pool(conv(x))
+            for block in blocks:
+                x = block(x)
+        return jax.nn.relu(x)
+
+
+TORSOS = {"dqn": (DQNTorso, TORSO_MAP_SHAPE), "impala": (ImpalaTorso, IMPALA_MAP_SHAPE)}
+"""torso name -> (class, output map shape)"""
+
+
 def oar_vector(prev_action, prev_reward, num_actions: int):
     """[onehot(a_{t-1}); tanh(r_{t-1})]: what every recurrent core sees besides the image."""
     return jnp.concatenate([jax.nn.one_hot(prev_action, num_actions), jnp.tanh(prev_reward)[None]])
 
 
 class LSTMCore(eqx.Module):
-    """The UVFA/USFA state: DQN torso, flattened, then an LSTM on [onehot(a_prev); tanh(r_prev); torso]."""
+    """The UVFA/USFA state: the torso's map, flattened, then an LSTM on [onehot(a_prev); tanh(r_prev); torso].
 
-    torso: DQNTorso
+    With the Impala torso the flattened map first goes through Linear(256) and ReLU, as in the original."""
+
+    torso: DQNTorso | ImpalaTorso
     lstm: LSTMCell
+    flat: eqx.nn.Linear | None = None
 
-    def __init__(self, num_actions: int, hidden_size: int, key):
-        k_torso, k_lstm = jax.random.split(key)
-        self.torso = DQNTorso(k_torso)
-        self.lstm = LSTMCell(num_actions + 1 + math.prod(TORSO_MAP_SHAPE), hidden_size, k_lstm)
+    def __init__(self, num_actions: int, hidden_size: int, key, torso: str = "dqn", flat_size: int = 256):
+        k_torso, k_lstm, k_flat = jax.random.split(key, 3)
+        torso_class, map_shape = TORSOS[torso]
+        self.torso = torso_class(k_torso)
+        features = math.prod(map_shape)
+        if torso == "impala":
+            self.flat, features = linear(features, flat_size, k_flat), flat_size
+        self.lstm = LSTMCell(num_actions + 1 + features, hidden_size, k_lstm)
 
     def initial_state(self):
         zeros = jnp.zeros(self.lstm.hidden_size)
@@ -152,7 +209,10 @@ class LSTMCore(eqx.Module):
 
     def recur(self, image_map, vector, state):
         """One step: (h, c) each [hidden_size]."""
-        return self.lstm(jnp.concatenate([vector, image_map.reshape(-1)]), state)
+        features = image_map.reshape(-1)
+        if self.flat is not None:
+            features = jax.nn.relu(self.flat(features))
+        return self.lstm(jnp.concatenate([vector, features]), state)
 
 
 def count_params(model) -> int:

@@ -420,7 +420,8 @@ USFA_BAD = [(dict(priority_from_q=True), "--priority-from-q needs --learned-cumu
 @pytest.mark.parametrize("overrides, message", BAD, ids=[m for _, m in BAD])
 def test_bad_arguments_stop_with_one_line(script, overrides, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        script.main(script.Args(**overrides))
+        # a small replay: Fruitbot's default (70k sequences of frames) does not fit this machine and says so first
+        script.main(script.Args(**({"replay_size": 1000, "min_replay_size": 100} | overrides)))
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]

@@ -1,0 +1,307 @@
+"""Procgen Fruitbot as a multitask environment with exact per-category cumulants (stock procgen, no patched C++).
+
+The agent flies up a level, always moving forward; it steers left/right, fires keys at locked doors (action 9) and
+collects objects on the way. Hard mode (the default) draws every object's sprite from 6 themes, so 12 object types
+appear: fruit themes 0-5 and food themes 0-5. The paper groups them into 4 categories, C1 = fruit 0-2,
+C2 = fruit 3-5, C3 = food 0-2, C4 = food 3-5, and a task w in R^4 pays w_k per object of category k collected.
+
+Cumulants are read exactly from the serialized game state, never estimated from pixels. The game's own reward is
+1 per fruit, -4 per food and +10 per present tile touched at the end of a level, so a non-zero stock reward on an
+ordinary step means something was collected: only then is the state read (`get_state`, ~80 us) and the change in
+each type's count taken. At a level boundary procgen has already reset to the next level, so the step is
+replayed in a scratch env from the last state read, with barriers, locked doors and presents made inert and the
+level's timeout lifted (the agent's motion depends only on the grid, and the RNG is part of the state): the counts
+after the replay are the counts at the moment the level ended, and its frame is the view the ending step led to.
+Every step checks that the stock reward equals fruit - 4 food (+ the completion bonus); a mismatch stops the run.
+
+An episode ("lifetime") is up to `max_levels` levels: completing a level continues the episode (the recurrent
+state and the return carry on, discount 1), completing the last one or hitting a barrier or a locked door ends it
+(termination), and the per-level timeout of 1000 steps is a truncation. The env auto-resets: the observation
+returned with an ending step is the next episode's first, and `info["final_image"]` holds the view the ending step
+led to. The task is drawn uniformly from `tasks` at every episode start. The reward is w . phi: no completion bonus
+and no -4 food penalty (the original's patched games did the same).
+
+Differences from the original's setting (`../shared/reference/protocol.md` section 2): the original patched the
+C++ game, ran easy mode (levels 10 wide, only 2 of each category's 3 types ever appear) with levels 90 rows tall
+and per-task object lists. Hard mode here has every type, levels 20 wide and 60 tall with more barrier rows, and
+locked doors that need the fire action. `distribution_mode="easy"` is kept as an option to study the difference
+(its 4 types then fall into C1 and C3 only).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+from procgen import ProcgenGym3Env
+
+from common.run import require
+
+NUM_ACTIONS = 15  # procgen's full action set: 9 moves (only left/none/right matter here), fire, and 5 no-ops
+FIRE = 9
+TASK_DIM = 4
+IMAGE_SHAPE = (64, 64, 3)
+MAX_LEVELS = 4
+LEVEL_TIMEOUT = 1000
+DISTRIBUTION_MODES = ("hard", "easy")
+TRAIN_LEVELS = 200  # training levels come from level seeds 0..199; evaluation levels are unrestricted
+
+TRAIN_TASKS = np.eye(TASK_DIM, dtype=np.float32)
+TEST_TASKS = np.array(
+    [[1, 0, 1, 1], [1, 0, 0, 1], [1, 1, 1, 1], [1, -1, -1, -1], [1, 0, -1, -1], [1, 0, 0, -1]], dtype=np.float32)
+
+# Entity types in fruitbot.cpp, and the stock game's rewards.
+BARRIER, PLAYER_BULLET, FOOD, FRUIT, LOCKED_DOOR, LOCK, PRESENT = 1, 3, 4, 7, 10, 11, 12
+INERT = 40  # a type no rule of the game mentions: the entity is drawn but neither blocks nor pays
+FRUIT_REWARD, FOOD_REWARD, PRESENT_REWARD = 1.0, -4.0, 10.0
+NUM_THEMES = 6
+NUM_TYPES = 2 * NUM_THEMES  # fruit themes 0-5, then food themes 0-5
+TYPE_CATEGORY = np.repeat(np.arange(TASK_DIM), NUM_TYPES // TASK_DIM)  # type index -> category
+TYPE_STOCK_REWARD = np.array([FRUIT_REWARD] * NUM_THEMES + [FOOD_REWARD] * NUM_THEMES)
+STATE_BUFFER_BYTES = 1 << 20
+
+
+class CumulantError(RuntimeError):
+    """The cumulants read from the game state do not explain the game's reward (a broken invariant, not a setting)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The serialized state (procgen's Game::serialize, BasicAbstractGame::serialize): the fields this module reads
+# ---------------------------------------------------------------------------------------------------------------------
+ENTITY_FIELDS = 31  # 4-byte fields per entity
+ENTITY_TYPE, ENTITY_THEME = 6, 8  # field indices of `type` and `image_theme`
+STEP_FIELDS = 15  # reward, done, level_complete, action, timeout, ..., cur_time, is_waiting_for_step
+TIMEOUT_FIELD, CUR_TIME_FIELD = 4, 13
+
+
+class StateLayout:
+    """Byte offsets into one serialized state: where the step fields and the entity table start.
+
+    The two RNG states ahead of them are variable-length text, so the offsets are found by walking the header."""
+
+    def __init__(self, state: bytes):
+        offset = 4  # version
+        offset += 4 + struct.unpack_from("<i", state, offset)[0]  # game name
+        offset += 17 * 4  # the options and level-seed ints
+        for _ in range(2):  # level_seed_rand_gen, rand_gen: is_seeded, then an mt19937 text string
+            offset += 4
+            offset += 4 + struct.unpack_from("<i", state, offset)[0]
+        self.step_fields = offset
+        offset += STEP_FIELDS * 4 + 4  # + grid_size
+        self.num_entities = struct.unpack_from("<i", state, offset)[0]
+        self.entities = offset + 4
+
+    def entity_table(self, state: bytes) -> np.ndarray:
+        """int32 [n, 31]: every entity's fields (float fields as their bit patterns)."""
+        return np.frombuffer(state, "<i4", self.num_entities * ENTITY_FIELDS, self.entities).reshape(-1, ENTITY_FIELDS)
+
+    def step_field(self, state: bytes, index: int) -> int:
+        return struct.unpack_from("<i", state, self.step_fields + 4 * index)[0]
+
+
+def type_counts(state: bytes) -> np.ndarray:
+    """int64 [12]: how many objects of each type (fruit themes 0-5, food themes 0-5) the level still holds."""
+    table = StateLayout(state).entity_table(state)
+    kind, theme = table[:, ENTITY_TYPE], table[:, ENTITY_THEME]
+    objects = (kind == FRUIT) | (kind == FOOD)
+    return np.bincount(theme[objects] + NUM_THEMES * (kind[objects] == FOOD), minlength=NUM_TYPES)
+
+
+def neutralised(state: bytes) -> bytes:
+    """The state with barriers, locked doors and presents made inert and the level timeout lifted, so that
+    replaying the step that ended a level runs the same motion and collisions without ending anything."""
+    layout = StateLayout(state)
+    out = bytearray(state)
+    table = np.frombuffer(out, "<i4", layout.num_entities * ENTITY_FIELDS, layout.entities).reshape(-1, ENTITY_FIELDS)
+    kind = table[:, ENTITY_TYPE]
+    kind[np.isin(kind, (BARRIER, LOCKED_DOOR, PRESENT))] = INERT
+    struct.pack_into("<i", out, layout.step_fields + 4 * TIMEOUT_FIELD, 1 << 30)
+    return bytes(out)
+
+
+def category_cumulants(collected: np.ndarray) -> np.ndarray:
+    """phi [..., 4] from per-type counts collected [..., 12]."""
+    return np.stack([collected[..., TYPE_CATEGORY == k].sum(-1) for k in range(TASK_DIM)], -1).astype(np.float32)
+
+
+def format_task(w) -> str:
+    return ",".join(f"{float(x):g}" for x in w)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The environment
+# ---------------------------------------------------------------------------------------------------------------------
+class Fruitbot:
+    """N Fruitbot lifetimes stepped together (procgen's own vectorisation), with exact per-category cumulants.
+
+    reset() -> obs; step(actions) -> (obs, reward, terminated, truncated, info). obs = {"image": uint8 [N, 64, 64, 3],
+    "w": float32 [N, 4]}; reward = w . phi; info: phi [N, 4] (objects of each category collected on the step),
+    stock_reward (the game's own reward), level_complete, levels (completed in the episode so far, counting this
+    step), died, timed_out, final_image (the view the step led to where it ended an episode)."""
+
+    def __init__(self, num_envs: int, tasks=TRAIN_TASKS, *, seed: int = 0, num_levels: int = TRAIN_LEVELS,
+                 start_level: int = 0, distribution_mode: str = "hard", max_levels: int = MAX_LEVELS,
+                 num_threads: int = 2, cache_every: int = 8, task_of_env=None):
+        tasks = np.asarray(tasks, np.float32)
+        require(num_envs > 0, f"num_envs must be positive, got {num_envs}")
+        require(tasks.ndim == 2 and tasks.shape[1] == TASK_DIM and len(tasks) > 0,
+                f"Fruitbot tasks must be an [n, {TASK_DIM}] array (one weight per category), got shape {tasks.shape}")
+        require(distribution_mode in DISTRIBUTION_MODES,
+                f"distribution_mode must be one of {DISTRIBUTION_MODES}, got {distribution_mode!r}")
+        require(max_levels > 0, f"max_levels must be positive, got {max_levels}")
+        require(num_levels >= 0, f"num_levels must be non-negative (0: unrestricted), got {num_levels}")
+        self.num_envs, self.tasks, self.max_levels = num_envs, tasks, max_levels
+        self.distribution_mode, self.cache_every = distribution_mode, cache_every
+        options = dict(env_name="fruitbot", distribution_mode=distribution_mode, num_levels=num_levels,
+                       start_level=start_level, num_threads=num_threads)
+        self.game = ProcgenGym3Env(num=num_envs, rand_seed=seed, **options)
+        self.scratch = ProcgenGym3Env(num=1, rand_seed=seed, **options)  # replays the steps that end a level
+        self.buffer = self.game._ffi.new(f"char[{STATE_BUFFER_BYTES}]")
+        self.rng = np.random.default_rng(seed)
+        # evaluation pins a task to each env (task_of_env[i] indexes tasks); training draws one per episode
+        self.task_of_env = None if task_of_env is None else np.asarray(task_of_env)
+        require(self.task_of_env is None or self.task_of_env.shape == (num_envs,),
+                f"task_of_env must name one task per env ({num_envs}), got shape {np.shape(task_of_env)}")
+        self.stats = {"steps": 0, "state_reads": 0, "replays": 0}
+
+    # -- serialized state ---------------------------------------------------------------------------------------------
+    def get_state(self, env, i: int) -> bytes:
+        n = env.call_c_func("get_state", i, self.buffer, STATE_BUFFER_BYTES)
+        self.stats["state_reads"] += 1
+        return bytes(env._ffi.buffer(self.buffer, n))
+
+    def _cache(self, i: int):
+        """Remember env i's state now: the counts to diff against, and the actions taken since (for replays)."""
+        state = self.get_state(self.game, i)
+        self.state[i], self.counts[i], self.actions_since[i] = state, type_counts(state), []
+
+    def _replay(self, i: int, action: int):
+        """Env i's per-type counts and frame right after `action` ended its level, replayed from its cached state."""
+        self.stats["replays"] += 1
+        state = neutralised(self.state[i])
+        self.scratch.call_c_func("set_state", 0, state, len(state))
+        for a in self.actions_since[i] + [action]:
+            self.scratch.act(np.array([a], np.int32))
+        after = self.get_state(self.scratch, 0)
+        timeout = StateLayout(self.state[i]).step_field(self.state[i], TIMEOUT_FIELD)
+        timed_out = StateLayout(after).step_field(after, CUR_TIME_FIELD) >= timeout
+        return type_counts(after), self.scratch.observe()[1]["rgb"][0], timed_out
+
+    # -- gym-like interface -------------------------------------------------------------------------------------------
+    def _draw_tasks(self):
+        if self.task_of_env is not None:
+            return self.tasks[self.task_of_env]
+        return self.tasks[self.rng.integers(len(self.tasks), size=self.num_envs)]
+
+    def _observation(self):
+        return {"image": self.game.observe()[1]["rgb"], "w": self.w.copy()}
+
+    def reset(self):
+        n = self.num_envs
+        self.state, self.counts, self.actions_since = [None] * n, [None] * n, [None] * n
+        self.game.act(np.full(n, -1, np.int32))  # action -1 makes procgen start every env on a fresh level
+        for i in range(n):
+            self._cache(i)
+        self.w = self._draw_tasks()
+        self.levels = np.zeros(n, np.int32)
+        return self._observation()
+
+    def step(self, actions):
+        actions = np.asarray(actions, np.int32)
+        require(actions.shape == (self.num_envs,), f"actions must have shape ({self.num_envs},), got {actions.shape}")
+        n = self.num_envs
+        self.game.act(actions)
+        stock_reward, ob, first = self.game.observe()
+        complete = np.zeros(n, bool)
+        if first.any():
+            complete = np.array([info["prev_level_complete"] for info in self.game.get_info()], bool) & first
+        collected = np.zeros((n, NUM_TYPES), np.int64)
+        final_image = np.zeros((n,) + IMAGE_SHAPE, np.uint8)
+        timed_out = np.zeros(n, bool)
+        for i in np.flatnonzero(first | (stock_reward != 0)):
+            if first[i]:  # the level ended: procgen already reset, so replay the step from the cached state
+                counts, final_image[i], timed_out[i] = self._replay(i, int(actions[i]))
+                timed_out[i] &= not complete[i]
+                collected[i] = self.counts[i] - counts
+                bonus = (PRESENT_REWARD, 2 * PRESENT_REWARD) if complete[i] else (0.0,)
+            else:
+                before = self.counts[i]
+                self._cache(i)
+                collected[i] = before - self.counts[i]
+                bonus = (0.0,)
+            explained = collected[i] @ TYPE_STOCK_REWARD
+            if not ((collected[i] >= 0).all() and any(np.isclose(stock_reward[i], explained + b) for b in bonus)):
+                raise CumulantError(f"Fruitbot cumulants do not explain env {i}'s reward {stock_reward[i]} (collected "
+                                    f"{collected[i].tolist()}): the state layout or the replay is wrong for this "
+                                    f"procgen build")
+            if first[i]:
+                self._cache(i)  # the next level's first state
+        for i in np.flatnonzero(~first & (stock_reward == 0)):
+            self.actions_since[i].append(int(actions[i]))
+            if len(self.actions_since[i]) >= self.cache_every:  # keeps the replays at level ends short
+                self._cache(i)
+        self.stats["steps"] += n
+
+        phi = category_cumulants(collected)
+        reward = np.einsum("nc,nc->n", phi, self.w).astype(np.float32)
+        levels = self.levels + complete
+        terminated = (first & ~complete & ~timed_out) | (complete & (levels >= self.max_levels))
+        truncated = timed_out
+        done = terminated | truncated
+        info = {"phi": phi, "stock_reward": stock_reward.astype(np.float32), "level_complete": complete,
+                "levels": levels, "died": first & ~complete & ~timed_out, "timed_out": timed_out,
+                "final_image": final_image, "w": self.w.copy()}
+        self.levels = np.where(done, 0, levels)
+        self.w = np.where(done[:, None], self._draw_tasks(), self.w)
+        return {"image": ob["rgb"], "w": self.w.copy()}, reward, terminated, truncated, info
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A scripted reference policy that reads the game state: it completes levels, it does not choose objects
+# ---------------------------------------------------------------------------------------------------------------------
+LEFT, STRAIGHT, RIGHT = 0, 3, 6  # actions 0-8 steer by (a // 3) - 1; every step also moves up
+WORLD_WIDTH = {"hard": 20.0, "easy": 10.0}
+
+
+def gap_seeking_action(state: bytes, width: float = WORLD_WIDTH["hard"]) -> int:
+    """Steer towards the nearest gap in the next barrier row; where a locked door closes the row, line up under
+    its lock and fire. Task-agnostic: it collects whatever lies on its way (the tests' and the reference table's
+    level-completing policy)."""
+    table = StateLayout(state).entity_table(state)
+    x, y, rx, ry = (table[:, j].view(np.float32) for j in (0, 1, 4, 5))
+    kind = table[:, ENTITY_TYPE]
+    player = np.flatnonzero(kind == 0)[0]
+    px, py = x[player], y[player]
+    walls = np.isin(kind, (BARRIER, LOCKED_DOOR)) & (y + ry + ry[player] > py)  # rows not yet passed
+    if not walls.any():
+        return STRAIGHT
+    row = walls & (y == y[walls].min())
+    margin = rx[player] + 0.15
+    blocked = sorted(zip(x[row] - rx[row] - margin, x[row] + rx[row] + margin))
+    gaps, left = [], 0.0 + margin
+    for lo, hi in blocked:
+        if lo > left:
+            gaps.append((left, lo))
+        left = max(left, hi)
+    if width - margin > left:
+        gaps.append((left, width - margin))
+    if gaps:
+        target = min((np.clip(px, lo, hi) for lo, hi in gaps), key=lambda t: abs(t - px))
+    else:  # a locked door: shoot its lock from below
+        locks = (kind == LOCK) & (y > py)
+        if not locks.any():
+            return STRAIGHT
+        target = x[locks][np.argmin(y[locks])]
+        if abs(target - px) < 0.2:
+            return FIRE
+    if abs(target - px) < 0.1:
+        return STRAIGHT
+    return RIGHT if target > px else LEFT
+
+
+def scripted_actions(env: Fruitbot, rng: np.random.Generator, epsilon: float = 0.0) -> np.ndarray:
+    """The gap-seeking action of every env of `env` (reading each game's state), random with probability epsilon."""
+    width = WORLD_WIDTH[env.distribution_mode]
+    actions = np.array([gap_seeking_action(env.get_state(env.game, i), width) for i in range(env.num_envs)])
+    random = rng.random(env.num_envs) < epsilon
+    return np.where(random, rng.integers(0, NUM_ACTIONS, env.num_envs), actions).astype(np.int32)
