@@ -780,7 +780,8 @@ def main(args: Args) -> None:
             fresh_actors(setup, args, i, jax.random.fold_in(jax.random.PRNGKey(s), 1)) for i, s in enumerate(seeds)])
 
     actors = actors_of_every_seed()
-    state = jax.vmap(lambda k, a: init_train_state(setup, args, k, a))(
+    # jitted, so that the replay (tens of GB at the paper's size) is allocated once, not built up in eager steps
+    state = jax.jit(jax.vmap(lambda k, a: init_train_state(setup, args, k, a)))(
         jnp.stack([jax.random.PRNGKey(s) for s in seeds]), actors)
     num_params = count_params(eqx.combine(jax.tree.map(lambda x: x[0], state.params), setup.static))
     paper = "1.66M" if not (args.entangled_psi or args.entangled_phi) else "not reported"

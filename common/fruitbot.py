@@ -8,17 +8,19 @@ C2 = fruit 3-5, C3 = food 0-2, C4 = food 3-5, and a task w in R^4 pays w_k per o
 Cumulants are read exactly from the serialized game state, never estimated from pixels. The game's own reward is
 1 per fruit, -4 per food and +10 per present tile touched at the end of a level, so a non-zero stock reward on an
 ordinary step means something was collected: only then is the state read (`get_state`, ~80 us) and the change in
-each type's count taken. At a level boundary procgen has already reset to the next level, so the step is
-replayed in a scratch env from the last state read, with barriers, locked doors and presents made inert and the
-level's timeout lifted (the agent's motion depends only on the grid, and the RNG is part of the state): the counts
-after the replay are the counts at the moment the level ended, and its frame is the view the ending step led to.
-Every step checks that the stock reward equals fruit - 4 food (+ the completion bonus); a mismatch stops the run.
+each type's count taken. At a level boundary procgen has already reset to the next level; a reward of exactly the
+completion bonus (10 or 20 per present tile touched) or 0 (a death) says nothing was collected. Otherwise (or to
+render the final view) the step is replayed in a scratch env from the last state read, with barriers, locked doors
+and presents made inert and the level's timeout lifted (the agent's motion depends only on the grid, and the RNG is
+part of the state): the counts after the replay are the counts at the moment the level ended, and its frame is the
+view the ending step led to. Every step checks that the stock reward equals fruit - 4 food (+ the completion
+bonus); a mismatch stops the run. The one blind spot: 4 fruit and a food on one step sum to 0 (never observed).
 
 An episode ("lifetime") is up to `max_levels` levels: completing a level continues the episode (the recurrent
 state and the return carry on, discount 1), completing the last one or hitting a barrier or a locked door ends it
 (termination), and the per-level timeout of 1000 steps is a truncation. The env auto-resets: the observation
-returned with an ending step is the next episode's first, and `info["final_image"]` holds the view the ending step
-led to. The task is drawn uniformly from `tasks` at every episode start. The reward is w . phi: no completion bonus
+returned with an ending step is the next episode's first (with final_view=True, `info["final_image"]` holds the
+view the ending step led to). The task is drawn uniformly from `tasks` at every episode start. The reward is w . phi: no completion bonus
 and no -4 food penalty (the original's patched games did the same).
 
 Differences from the original's setting (`../shared/reference/protocol.md` section 2): the original patched the
@@ -137,11 +139,12 @@ class Fruitbot:
     reset() -> obs; step(actions) -> (obs, reward, terminated, truncated, info). obs = {"image": uint8 [N, 64, 64, 3],
     "w": float32 [N, 4]}; reward = w . phi; info: phi [N, 4] (objects of each category collected on the step),
     stock_reward (the game's own reward), level_complete, levels (completed in the episode so far, counting this
-    step), died, timed_out, final_image (the view the step led to where it ended an episode)."""
+    step), died, timed_out, and with final_view=True final_image (the view the step led to where it ended a level;
+    zeros without: rendering it takes a replay at every level end)."""
 
     def __init__(self, num_envs: int, tasks=TRAIN_TASKS, *, seed: int = 0, num_levels: int = TRAIN_LEVELS,
                  start_level: int = 0, distribution_mode: str = "hard", max_levels: int = MAX_LEVELS,
-                 num_threads: int = 2, cache_every: int = 8, task_of_env=None):
+                 num_threads: int = 2, cache_every: int | None = None, task_of_env=None, final_view: bool = False):
         tasks = np.asarray(tasks, np.float32)
         require(num_envs > 0, f"num_envs must be positive, got {num_envs}")
         require(tasks.ndim == 2 and tasks.shape[1] == TASK_DIM and len(tasks) > 0,
@@ -151,7 +154,10 @@ class Fruitbot:
         require(max_levels > 0, f"max_levels must be positive, got {max_levels}")
         require(num_levels >= 0, f"num_levels must be non-negative (0: unrestricted), got {num_levels}")
         self.num_envs, self.tasks, self.max_levels = num_envs, tasks, max_levels
-        self.distribution_mode, self.cache_every = distribution_mode, cache_every
+        self.distribution_mode, self.final_view = distribution_mode, final_view
+        # replays run from the last state read: read one at least every cache_every steps to keep them short (they
+        # run at every level end when the final view is asked for, otherwise about once in 200 level ends)
+        self.cache_every = cache_every or (8 if final_view else 64)
         options = dict(env_name="fruitbot", distribution_mode=distribution_mode, num_levels=num_levels,
                        start_level=start_level, num_threads=num_threads)
         self.game = ProcgenGym3Env(num=num_envs, rand_seed=seed, **options)
@@ -174,6 +180,9 @@ class Fruitbot:
         """Remember env i's state now: the counts to diff against, and the actions taken since (for replays)."""
         state = self.get_state(self.game, i)
         self.state[i], self.counts[i], self.actions_since[i] = state, type_counts(state), []
+        layout = StateLayout(state)
+        # the step count at which this level times out, counted from now
+        self.steps_left[i] = layout.step_field(state, TIMEOUT_FIELD) - layout.step_field(state, CUR_TIME_FIELD)
 
     def _replay(self, i: int, action: int):
         """Env i's per-type counts and frame right after `action` ended its level, replayed from its cached state."""
@@ -183,9 +192,7 @@ class Fruitbot:
         for a in self.actions_since[i] + [action]:
             self.scratch.act(np.array([a], np.int32))
         after = self.get_state(self.scratch, 0)
-        timeout = StateLayout(self.state[i]).step_field(self.state[i], TIMEOUT_FIELD)
-        timed_out = StateLayout(after).step_field(after, CUR_TIME_FIELD) >= timeout
-        return type_counts(after), self.scratch.observe()[1]["rgb"][0], timed_out
+        return type_counts(after), self.scratch.observe()[1]["rgb"][0]
 
     # -- gym-like interface -------------------------------------------------------------------------------------------
     def _draw_tasks(self):
@@ -199,6 +206,7 @@ class Fruitbot:
     def reset(self):
         n = self.num_envs
         self.state, self.counts, self.actions_since = [None] * n, [None] * n, [None] * n
+        self.steps_left = np.zeros(n, np.int64)
         self.game.act(np.full(n, -1, np.int32))  # action -1 makes procgen start every env on a fresh level
         for i in range(n):
             self._cache(i)
@@ -219,11 +227,14 @@ class Fruitbot:
         final_image = np.zeros((n,) + IMAGE_SHAPE, np.uint8)
         timed_out = np.zeros(n, bool)
         for i in np.flatnonzero(first | (stock_reward != 0)):
-            if first[i]:  # the level ended: procgen already reset, so replay the step from the cached state
-                counts, final_image[i], timed_out[i] = self._replay(i, int(actions[i]))
-                timed_out[i] &= not complete[i]
-                collected[i] = self.counts[i] - counts
+            if first[i]:  # the level ended, and procgen has already reset it
+                timed_out[i] = not complete[i] and len(self.actions_since[i]) + 1 >= self.steps_left[i]
                 bonus = (PRESENT_REWARD, 2 * PRESENT_REWARD) if complete[i] else (0.0,)
+                # nothing collected explains the reward exactly (but for 4 fruit and a food on one step, never seen):
+                # replay the step from the cached state only where something was, or to render the final view
+                if self.final_view or stock_reward[i] not in bonus:
+                    counts, final_image[i] = self._replay(i, int(actions[i]))
+                    collected[i] = self.counts[i] - counts
             else:
                 before = self.counts[i]
                 self._cache(i)
@@ -305,3 +316,52 @@ def scripted_actions(env: Fruitbot, rng: np.random.Generator, epsilon: float = 0
     actions = np.array([gap_seeking_action(env.get_state(env.game, i), width) for i in range(env.num_envs)])
     random = rng.random(env.num_envs) < epsilon
     return np.where(random, rng.integers(0, NUM_ACTIONS, env.num_envs), actions).astype(np.int32)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reference returns: what random play and the scripted gap-seeker get on each task (README table)
+# ---------------------------------------------------------------------------------------------------------------------
+def policy_returns(policy: str, tasks=TEST_TASKS, num_episodes: int = 20, seed: int = 0,
+                   distribution_mode: str = "hard"):
+    """Mean and standard error of the lifetime return of "random" or "scripted" (gap-seeking, epsilon 0) play on
+    each task, on unrestricted levels (as evaluation). Also returns the mean number of levels completed."""
+    require(policy in ("random", "scripted"), f"policy must be random or scripted, got {policy!r}")
+    require(num_episodes >= 2, f"num_episodes must be at least 2 to give a standard error, got {num_episodes}")
+    tasks = np.asarray(tasks, np.float32)
+    n = len(tasks) * num_episodes
+    env = Fruitbot(n, tasks, seed=seed, num_levels=0, distribution_mode=distribution_mode,
+                   task_of_env=np.repeat(np.arange(len(tasks)), num_episodes))
+    rng = np.random.default_rng(seed)
+    env.reset()
+    returns, levels, running = np.zeros(n), np.zeros(n), np.ones(n, bool)
+    while running.any():
+        actions = (scripted_actions(env, rng) if policy == "scripted" else rng.integers(0, NUM_ACTIONS, n))
+        _, reward, terminated, truncated, info = env.step(actions)
+        returns += np.where(running, reward, 0.0)
+        levels = np.where(running, info["levels"], levels)
+        running &= ~(terminated | truncated)
+    returns = returns.reshape(len(tasks), num_episodes)
+    return returns.mean(1), returns.std(1, ddof=1) / np.sqrt(num_episodes), levels.mean()
+
+
+def _print_reference_table(episodes: int = 20, seed: int = 0) -> None:
+    """A markdown table of random and scripted play's lifetime return on every train and test task."""
+    print(f"| split | task | random | scripted gap-seeker |  ({episodes} lifetimes of up to {MAX_LEVELS} levels, hard, "
+          f"unrestricted levels)")
+    print("|---|---|---:|---:|")
+    for split, tasks in (("train", TRAIN_TASKS), ("test", TEST_TASKS)):
+        rand, rand_se, rand_levels = policy_returns("random", tasks, episodes, seed)
+        script, script_se, script_levels = policy_returns("scripted", tasks, episodes, seed)
+        for w, m, se, sm, sse in zip(tasks, rand, rand_se, script, script_se):
+            print(f"| {split} | {format_task(w)} | {m:.2f} ± {se:.2f} | {sm:.2f} ± {sse:.2f} |")
+        print(f"levels completed per lifetime ({split}): random {rand_levels:.2f}, scripted {script_levels:.2f}")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="reference returns of random and scripted play on every task")
+    parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    cli = parser.parse_args()
+    _print_reference_table(cli.episodes, cli.seed)

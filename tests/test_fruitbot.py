@@ -46,8 +46,8 @@ def play(env: Fruitbot, steps: int, policy: str, seed: int = 0, timeouts_every: 
 def rollouts():
     """20,000 env steps: 8 random envs (frequent deaths; some levels' timeout shortened so that timeouts happen too)
     and 8 scripted envs (level completions, full lifetimes)."""
-    random = play(Fruitbot(8, seed=1), 500, "random", timeouts_every=100)
-    scripted = play(Fruitbot(8, seed=2), 2000, "scripted", seed=1)
+    random = play(Fruitbot(8, seed=1), 500, "random", timeouts_every=100)  # replays only where needed (training)
+    scripted = play(Fruitbot(8, seed=2, final_view=True), 2000, "scripted", seed=1)  # a replay at every level end
     return random + scripted
 
 
@@ -113,16 +113,18 @@ def test_nothing_of_a_finished_episode_leaks_into_the_next(rollouts):
     """After an episode ends the next step starts from a fresh level: its cumulants count only that level's
     objects (checked by the reward identity above), the level counter is back at zero, the task is redrawn from the
     train tasks, and the frame returned is the new level's, not the final view."""
-    previous_done = None
+    previous_done, final_views = None, 0
     for r in rollouts:
         if previous_done is not None:
             assert (r["levels"][previous_done] <= 1).all()
             assert (r["phi"][previous_done] >= 0).all()
         done = r["terminated"] | r["truncated"]
-        for i in np.flatnonzero(done):
+        for i in np.flatnonzero(done & r["final_image"].any(axis=(1, 2, 3))):  # final views: the scripted envs'
             assert not np.array_equal(r["final_image"][i], r["obs"]["image"][i])
+            final_views += 1
         assert any(w.tolist() in TRAIN_TASKS.tolist() for w in r["obs"]["w"])
         previous_done = done
+    assert final_views > 5
 
 
 def test_a_fresh_episode_starts_with_full_counts():
