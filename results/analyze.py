@@ -36,6 +36,7 @@ import tyro
 from common.babyai import CATEGORY_KINDS, TEST_TASKS, TRAIN_TASKS, EnvParams, format_task
 from common.run import cumulant_quality, exit_on_config_error, require
 from results.evaluate import load_agent, parse_tasks
+from results.summarize import run_env
 
 PAPER_TABLE_A = {  # the paper's Table A: task -> (MSFA, USFA-learned-phi), mean ± std over 40 episodes per task
     "1,1,0,0": ((0.0003, 0.0090), (0.1362, 0.3410)),
@@ -270,6 +271,9 @@ def plot_activity(activity: dict[str, tuple], task: np.ndarray, path: Path) -> N
 @exit_on_config_error
 def main(args: Args) -> None:
     require(args.run_dirs, "name at least one run directory")
+    for d in args.run_dirs:
+        require(run_env(Path(d)) == "babyai", f"{d} is a {run_env(Path(d))} run; results.analyze handles BabyAI runs "
+                                              "only so far")
     require(args.episodes > 0, f"--episodes must be positive, got {args.episodes}")
     require(args.gpi in ("on", "off"), f"--gpi must be on or off, got {args.gpi!r}")
     activity_task = parse_tasks(args.activity_task)

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import tyro
 
-from common.babyai import TEST_TASKS, TRAIN_TASKS, format_task
+from common.babyai import format_task
 from common.run import exit_on_config_error, require
-from results.summarize import mean_se
+from results.summarize import env_tasks, mean_se
 
 
 @dataclass
@@ -60,7 +60,8 @@ def main(args: Args) -> None:
     require(steps, "the runs share no evaluation step; pass --step with one of each run's steps")
     step = args.step if args.step is not None else max(steps)
     require(step in steps, f"--step {step} is not evaluated in every run; shared steps: {sorted(steps)}")
-    tasks = {"test": TEST_TASKS, "train": TRAIN_TASKS, "all": np.concatenate([TRAIN_TASKS, TEST_TASKS])}[args.split]
+    train_tasks, test_tasks = env_tasks(runs)
+    tasks = {"test": test_tasks, "train": train_tasks, "all": np.concatenate([train_tasks, test_tasks])}[args.split]
     names = [format_task(w) for w in tasks]
     seeds = sorted({len(t[(step, n, 0)]) for t in tables.values() for n in names})
     print(f"Greedy return at step {step:,} ({args.split} tasks), mean ± s.e. over {'/'.join(map(str, seeds))} "

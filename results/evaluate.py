@@ -25,6 +25,7 @@ import tyro
 
 from common.babyai import TRAIN_TASKS, format_task
 from common.run import EVAL_FIELDS, ConfigError, exit_on_config_error, require
+from results.summarize import run_env
 
 SCRIPTS = {"MSFA": "msfa_babyai", "USFA": "usfa", "UVFA": "uvfa", "UVFA-FARM": "uvfa", "MVFA": "uvfa"}
 
@@ -91,6 +92,8 @@ def load_agent(path: Path):
 @exit_on_config_error
 def main(args: Args) -> None:
     run_dir = Path(args.run_dir)
+    require(run_env(run_dir) == "babyai", f"{run_dir} is a {run_env(run_dir)} run; results.evaluate handles BabyAI runs "
+                                          "only so far")
     files = sorted(run_dir.glob("params_seed*.eqx"), key=lambda p: int(p.stem.split("seed")[1]))
     require(files, f"no params_seed<N>.eqx in {run_dir}; pass a run directory that has evaluated at least once")
     require(args.gpi in ("both", "on", "off"), f"--gpi must be both, on or off, got {args.gpi!r}")

@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 import tyro
 
-from common.babyai import TEST_TASKS, TRAIN_TASKS, bfs_oracle_returns, format_task, random_policy_returns
+from common.babyai import bfs_oracle_returns, format_task, random_policy_returns
 from common.run import exit_on_config_error, require
 from results.compare import label, read_eval
+from results.summarize import env_tasks, run_env
 
 
 @dataclass
@@ -71,6 +72,8 @@ def main(args: Args) -> None:
         require((d / "eval.csv").exists(), f"no eval.csv in {d}; pass run directories")
     require(args.reference_episodes >= 0, f"--reference-episodes must not be negative, got {args.reference_episodes}")
     tables = {d: read_eval(d) for d in runs}
+    train_tasks, test_tasks = env_tasks(runs)
+    babyai_runs = run_env(runs[0]) == "babyai"  # the BFS-oracle references exist for BabyAI only
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     seeds = sorted({len(v) for t in tables.values() for v in t.values()})
@@ -80,7 +83,7 @@ def main(args: Args) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(15, 4.2), sharex=True)
     for d, table in tables.items():
         g = best_gpi(table)
-        for ax, tasks, gpi in ((axes[0], TRAIN_TASKS, 0), (axes[1], TEST_TASKS, g)):
+        for ax, tasks, gpi in ((axes[0], train_tasks, 0), (axes[1], test_tasks, g)):
             points = [(s, task_mean_per_seed(table, s, tasks, gpi)) for s in sorted({s for s, _, _ in table})]
             points = [(s, mean_se(v)) for s, v in points if v is not None]
             if points:
@@ -106,30 +109,31 @@ def main(args: Args) -> None:
     require(steps, "the runs share no evaluation step")
     step = max(steps)
     references = None
-    if args.reference_episodes:
-        references = (bfs_oracle_returns(TEST_TASKS, args.reference_episodes)[0],
-                      random_policy_returns(TEST_TASKS, args.reference_episodes)[0])
+    if args.reference_episodes and babyai_runs:
+        references = (bfs_oracle_returns(test_tasks, args.reference_episodes)[0],
+                      random_policy_returns(test_tasks, args.reference_episodes)[0])
     written = ["learning_curves.png", "test_tasks.png"]
-    task_bars(plt, tables, step, references, f"Test tasks at step {step:,} ({seed_text})", out / "test_tasks.png")
+    task_bars(plt, tables, step, test_tasks, references, f"Test tasks at step {step:,} ({seed_text})",
+              out / "test_tasks.png")
     msfa = {d: t for d, t in tables.items() if label(d).startswith("MSFA")}
     if len(msfa) > 1:
-        task_bars(plt, msfa, step, references, f"Modularity ablations: test tasks at step {step:,} ({seed_text})",
-                  out / "modularity.png")
+        task_bars(plt, msfa, step, test_tasks, references,
+                  f"Modularity ablations: test tasks at step {step:,} ({seed_text})", out / "modularity.png")
         written.append("modularity.png")
     with_gpi = {d: t for d, t in tables.items() if best_gpi(t) == 1}
     if with_gpi:
-        gpi_bars(plt, with_gpi, step, f"GPI ablation: mean over the test tasks at step {step:,} ({seed_text})",
-                 out / "gpi_ablation.png")
+        gpi_bars(plt, with_gpi, step, test_tasks,
+                 f"GPI ablation: mean over the test tasks at step {step:,} ({seed_text})", out / "gpi_ablation.png")
         written.append("gpi_ablation.png")
-    aggregate(plt, tables, step, references, out / "aggregate.png")
+    aggregate(plt, tables, step, test_tasks, references, out / "aggregate.png")
     written.append("aggregate.png")
     print(f"wrote {', '.join(str(out / f) for f in written)} (step {step:,})")
 
 
-def task_bars(plt, tables: dict, step: int, references, title: str, path: Path) -> None:
+def task_bars(plt, tables: dict, step: int, test_tasks, references, title: str, path: Path) -> None:
     """Per test task, each run's return at `step` (GPI where it has it), mean ± s.e. over seeds, with the BFS
     oracle (dashed) and random play (dotted) where references are given."""
-    names = [format_task(w) for w in TEST_TASKS]
+    names = [format_task(w) for w in test_tasks]
     fig, ax = plt.subplots(figsize=(13, 4.8))
     width = 0.8 / len(tables)
     for i, (d, table) in enumerate(tables.items()):
@@ -153,12 +157,12 @@ def task_bars(plt, tables: dict, step: int, references, title: str, path: Path) 
     plt.close(fig)
 
 
-def gpi_bars(plt, tables: dict, step: int, title: str, path: Path) -> None:
+def gpi_bars(plt, tables: dict, step: int, test_tasks, title: str, path: Path) -> None:
     """Per SF method: each seed's mean over the test tasks with and without GPI, mean ± s.e. over seeds."""
     fig, ax = plt.subplots(figsize=(1.6 * len(tables) + 3, 4.2))
     for i, (d, table) in enumerate(tables.items()):
         for g, offset, hatch in ((1, -0.2, None), (0, 0.2, "//")):
-            m, e = mean_se(task_mean_per_seed(table, step, TEST_TASKS, g))
+            m, e = mean_se(task_mean_per_seed(table, step, test_tasks, g))
             ax.bar(i + offset, m, 0.4, yerr=e, capsize=3, color=f"C{i}", hatch=hatch, edgecolor="black",
                    label=("GPI over the train tasks" if g else "no GPI (act on w_test)") if i == 0 else None)
     ax.set_xticks(range(len(tables)), [label(d) for d in tables], rotation=15, fontsize=8)
@@ -170,12 +174,12 @@ def gpi_bars(plt, tables: dict, step: int, title: str, path: Path) -> None:
     plt.close(fig)
 
 
-def aggregate(plt, tables: dict, step: int, references, path: Path) -> None:
+def aggregate(plt, tables: dict, step: int, test_tasks, references, path: Path) -> None:
     """Interquartile mean over seeds x test tasks with 95% stratified-bootstrap CIs (rliable), per method."""
     from rliable import library as rly
     from rliable import metrics
 
-    names = [format_task(w) for w in TEST_TASKS]
+    names = [format_task(w) for w in test_tasks]
     scores = {}
     for d, table in tables.items():
         g = best_gpi(table)

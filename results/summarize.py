@@ -9,6 +9,7 @@ over seeds, with GPI and without; then the BFS oracle's and random play's return
 from __future__ import annotations
 
 import csv
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import tyro
 
-from common.babyai import TEST_TASKS, TRAIN_TASKS, bfs_oracle_returns, format_task, random_policy_returns
+from common import babyai
+from common.babyai import bfs_oracle_returns, format_task, random_policy_returns
 from common.run import exit_on_config_error, require
 
 
@@ -26,6 +28,25 @@ class Args:
     """a run directory (or a copy of its eval.csv's folder)"""
     episodes: int = 100
     """episodes per task for the oracle and random references (0: leave them out)"""
+
+
+def run_env(run_dir: Path) -> str:
+    """The environment a run trained on, from its config.json: --env where the script has it, msfa_fruitbot.py's
+    runs by their Fruitbot settings, else BabyAI."""
+    config = run_dir / "config.json"
+    saved = json.loads(config.read_text()).get("args", {}) if config.exists() else {}
+    return saved.get("env") or ("fruitbot" if "distribution_mode" in saved else "babyai")
+
+
+def env_tasks(run_dirs) -> tuple[np.ndarray, np.ndarray]:
+    """(train tasks, test tasks) of the runs' environment; runs of different environments are refused."""
+    envs = {run_env(Path(d)) for d in run_dirs}
+    require(len(envs) == 1, f"the runs trained on different environments ({', '.join(sorted(envs))}); pass runs of one")
+    if envs == {"fruitbot"}:
+        from common import fruitbot
+
+        return fruitbot.TRAIN_TASKS, fruitbot.TEST_TASKS
+    return babyai.TRAIN_TASKS, babyai.TEST_TASKS
 
 
 def final_returns(eval_csv: Path):
@@ -55,18 +76,21 @@ def main(args: Args) -> None:
     require(eval_csv.exists(), f"no eval.csv in {args.run_dir}; pass a run directory")
     step, table = final_returns(eval_csv)
     seeds = len(next(iter(table.values())))
-    oracle = defaultdict(lambda: "(not run)")
-    rand = defaultdict(lambda: "(not run)")
-    for tasks in (TRAIN_TASKS, TEST_TASKS) if args.episodes else ():
+    train_tasks, test_tasks = env_tasks([args.run_dir])
+    babyai_run = run_env(Path(args.run_dir)) == "babyai"
+    oracle = defaultdict(lambda: "(not run)" if babyai_run else "-")
+    rand = defaultdict(lambda: "(not run)" if babyai_run else "-")
+    for tasks in (train_tasks, test_tasks) if args.episodes and babyai_run else ():
         o, ose = bfs_oracle_returns(tasks, args.episodes)
         r, rse = random_policy_returns(tasks, args.episodes)
         for w, a, b, c, d in zip(tasks, o, ose, r, rse):
             oracle[format_task(w)], rand[format_task(w)] = f"{a:.2f} ± {b:.2f}", f"{c:.2f} ± {d:.2f}"
-    print(f"Greedy return at step {step:,}, mean ± s.e. over {seeds} seed(s) of each seed's mean; references over "
-          f"{args.episodes} episodes.\n")
+    references = (f"references over {args.episodes} episodes" if babyai_run else
+                  "Fruitbot has no oracle: its random and scripted references are `python -m common.fruitbot`")
+    print(f"Greedy return at step {step:,}, mean ± s.e. over {seeds} seed(s) of each seed's mean; {references}.\n")
     print("| split | task | GPI | no GPI | BFS oracle | random |")
     print("|---|---|---:|---:|---:|---:|")
-    for split, tasks in (("train", TRAIN_TASKS), ("test", TEST_TASKS)):
+    for split, tasks in (("train", train_tasks), ("test", test_tasks)):
         for w in tasks:
             t = format_task(w)
             print(f"| {split} | {t} | {mean_se(table[(t, 1)])} | {mean_se(table[(t, 0)])} | {oracle[t]} | {rand[t]} |")

@@ -5,14 +5,19 @@ import json
 
 import pytest
 
-from common.babyai import TEST_TASKS, TRAIN_TASKS, format_task
+from common.babyai import format_task
 
 
-def fake_run(tmp_path, name, method, steps, gpi_settings, value):
-    """A run directory with config.json and an eval.csv whose return is value + seed + gpi on every task."""
+def fake_run(tmp_path, name, method, steps, gpi_settings, value, env="babyai"):
+    """A run directory with config.json and an eval.csv whose return is value + seed + gpi on every task of env."""
+    if env == "fruitbot":
+        from common.fruitbot import TEST_TASKS, TRAIN_TASKS
+    else:
+        from common.babyai import TEST_TASKS, TRAIN_TASKS
     d = tmp_path / name
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"method": method}))
+    saved = {"distribution_mode": "hard"} if env == "fruitbot" else {}  # how msfa_fruitbot.py's runs are told apart
+    (d / "config.json").write_text(json.dumps({"method": method, "args": saved}))
     with (d / "eval.csv").open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"])
@@ -74,3 +79,18 @@ def test_comparison_table_reads_runs_at_their_shared_step(tmp_path, capsys):
     with pytest.raises(SystemExit):
         compare.main(compare.Args(run_dirs=(sf, q), step=20))
     assert "not evaluated in every run" in capsys.readouterr().err
+
+
+def test_the_tools_read_a_fruitbot_runs_tasks_and_refuse_mixed_environments(tmp_path, capsys):
+    from results import compare, plot, summarize
+
+    fruitbot = fake_run(tmp_path, "fb", "MSFA", (10,), (0, 1), 1.0, env="fruitbot")
+    summarize.main(summarize.Args(run_dir=fruitbot))
+    out = capsys.readouterr().out
+    assert "| test | 1,-1,-1,-1 | 3.50 ± 0.50 | 2.50 ± 0.50 | - | - |" in out and "Fruitbot has no oracle" in out
+    plot.main(plot.Args(run_dirs=(fruitbot,), out=str(tmp_path / "figures"), reference_episodes=100))
+    assert "IQM MSFA: 3.500 " in capsys.readouterr().out  # 6 Fruitbot test tasks, no BabyAI references
+    babyai = fake_run(tmp_path, "ba", "MSFA", (10,), (0, 1), 1.0)
+    with pytest.raises(SystemExit):
+        compare.main(compare.Args(run_dirs=(fruitbot, babyai)))
+    assert "different environments" in capsys.readouterr().err
