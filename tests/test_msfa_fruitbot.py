@@ -124,7 +124,7 @@ def test_tiny_run_end_to_end(tmp_path, capsys):
     script.main(script.Args(**TINY | dict(total_timesteps=96, log_every=32, eval_every=64, num_seeds=2,
                                           run_dir=str(run))))
     out = capsys.readouterr().out
-    assert "1,660,740" not in out and "parameters" in out
+    assert "parameters (paper: 1.66M)" in out  # the tiny network's count, printed next to the paper's
     rows = list(csv.DictReader(open(run / "eval.csv")))
     assert {r["seed"] for r in rows} == {"1", "2"} and {r["gpi"] for r in rows} == {"0", "1"}
     assert len({r["task"] for r in rows}) == len(TRAIN_TASKS) + len(TEST_TASKS)
