@@ -1,4 +1,5 @@
-"""USFA baselines on BabyAI GotoAvoid: Universal Successor Feature Approximators (Borsa et al., 2019), in one file.
+"""USFA baselines on BabyAI GotoAvoid and Procgen Fruitbot: Universal Successor Feature Approximators (Borsa et al.,
+2019), in one file.
 
 One LSTM state h (no modules). psi(s, a, z) = MLP([h; z]) -> [A, C], Q = psi . w, GPI at test time over the train
 tasks: argmax_a max_z psi(s, a, z) . w_test.
@@ -12,16 +13,20 @@ tasks: argmax_a max_z psi(s, a, z) . w_test.
   with MSFA differs only in the state and heads. tests/test_learners.py runs the same hand-worked examples
   against this file's functions and msfa_babyai.py's, so the two cannot drift apart.
 
-The file reads top to bottom as the whole algorithm: arguments (the paper's BabyAI settings as defaults), the
+The file reads top to bottom as the whole algorithm: arguments (the paper's settings for --env as defaults), the
 environment, the network and its Q/GPI heads, replay items, the recurrent unroll, n-step targets and the losses,
-acting, the jitted training program, evaluation, and main (see msfa_babyai.py for the shape of the program).
+acting, the jitted training program, evaluation, and main (see msfa_babyai.py for the shape of the program). One
+training loop serves both environments: BabyAI is JAX and steps inside the jitted chunk; Fruitbot is procgen on the
+host and steps from inside the same chunk through io_callback (as msfa_fruitbot.py; benchmarks/host_env.py).
 
     python usfa.py --seed 3                         # USFA, hand-designed cumulants
     python usfa.py --learned-cumulants --seed 3     # USFA with learned cumulants
+    python usfa.py --env fruitbot --replay-size 10000 --min-replay-size 500   # on Fruitbot (sizes: the paper's)
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -33,8 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import io_callback
 
-from common.babyai import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, EnvParams, GotoAvoid, format_task, make_params
+from common import babyai, fruitbot
+from common.babyai import EnvParams, GotoAvoid, Observation, format_task, make_params
 from common.gpi import gpi_values
 from common.networks import MLP, LSTMCore, count_params, oar_vector
 from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_config_error, parse_args,
@@ -43,7 +50,7 @@ from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_c
 
 
 # =====================================================================================================================
-# Arguments: defaults are the paper's BabyAI settings (../shared/reference/protocol.md sections 4-5)
+# Arguments: defaults are the paper's settings for --env (../shared/reference/protocol.md sections 2, 4-5)
 # =====================================================================================================================
 @dataclass
 class Args:
@@ -53,16 +60,18 @@ class Args:
     """seed of the first run; vmapped runs use seed, seed + 1, ..."""
     num_seeds: int = 1
     """independent runs trained side by side in one program (vmapped)"""
-    total_timesteps: int = 5_000_000
-    """env steps per seed (rounded up to whole iterations of num_envs x sequence_period)"""
+    total_timesteps: int | None = None
+    """env steps per seed (rounded up to whole iterations of num_envs x sequence_period; default: the paper's, 5M on
+    BabyAI, 10M on Fruitbot)"""
     num_envs: int = 32
     """parallel envs per seed (the original used 3 actor processes)"""
     run_dir: str | None = None
     """where config.json, metrics.csv, eval.csv, checkpoint.eqx and TensorBoard files go (default runs/<name>)"""
-    eval_episodes: int = 20
-    """greedy episodes per task and per GPI setting at each evaluation"""
-    eval_every: int = 250_000
-    """env steps (per seed) between evaluations; one more runs at the end"""
+    eval_episodes: int | None = None
+    """greedy episodes per task and per GPI setting at each evaluation (default: 20 on BabyAI, 10 on Fruitbot)"""
+    eval_every: int | None = None
+    """env steps (per seed) between evaluations; one more runs at the end (default: 250k on BabyAI, 500k on
+    Fruitbot)"""
     log_every: int = 2_560
     """env steps (per seed) between progress lines and metrics rows"""
     track: bool = False
@@ -89,13 +98,22 @@ class Args:
     of being masked; learned cumulants then need the final view, which replay stores"""
 
     env: str = "babyai"
-    """environment (only babyai so far)"""
+    """environment: babyai or fruitbot (the defaults marked "default: ..." follow it)"""
+    distribution_mode: str = "hard"
+    """Fruitbot: procgen's mode (hard: all 12 object types; easy: the original's, 4 types)"""
+    train_levels: int = fruitbot.TRAIN_LEVELS
+    """Fruitbot: training levels come from level seeds 0..train_levels-1 (0: unrestricted)"""
+    max_levels: int = fruitbot.MAX_LEVELS
+    """Fruitbot: levels per episode (lifetime)"""
+    gpi_support: str = "train"
+    """the policies GPI maximises over at evaluation: "train" (the train tasks) or, on Fruitbot, "test" (the 6 test
+    tasks: the original code's Fruitbot evaluator)"""
     learned_cumulants: bool = False
     """learn phi = MLP([h_{t+1}; h_t]) with MSFA's three losses instead of using the env's cumulants"""
-    lstm_size: int = 512
-    """size of the LSTM state h"""
-    psi_hidden: tuple[int, ...] = (128,)
-    """hidden sizes of the psi MLP on [h; z]"""
+    lstm_size: int | None = None
+    """size of the LSTM state h (default: 512 on BabyAI, 300 on Fruitbot)"""
+    psi_hidden: tuple[int, ...] | None = None
+    """hidden sizes of the psi MLP on [h; z] (default: 128 on BabyAI, 512 512 on Fruitbot)"""
     phi_hidden: tuple[int, ...] = (256, 256)
     """hidden sizes of the phi MLP (--learned-cumulants only)"""
     q_coeff: float = 0.5
@@ -113,18 +131,19 @@ class Args:
     """steps of the n-step targets"""
     gamma: float = 0.99
     """discount"""
-    replay_size: int = 100_000
-    """replay capacity in sequences"""
-    min_replay_size: int = 100
-    """sequences in replay before learning starts"""
+    replay_size: int | None = None
+    """replay capacity in sequences (default: 100k on BabyAI, 70k on Fruitbot: ~33 GiB of frames)"""
+    min_replay_size: int | None = None
+    """sequences in replay before learning starts (default: 100 on BabyAI, 10k on Fruitbot)"""
     samples_per_insert: float = 6.0
     """sampled sequences per inserted sequence (the replay ratio)"""
     batch_size: int = 8
     """sequences per SGD step"""
     priority_exponent: float = 0.9
     """replay samples sequences with probability ~ priority^exponent"""
-    importance_exponent: float = 0.0
-    """exponent of the importance weights that correct prioritised sampling (0: no correction)"""
+    importance_exponent: float | None = None
+    """exponent of the importance weights that correct prioritised sampling (0: no correction; default: 0 on BabyAI,
+    0.6 on Fruitbot)"""
     max_priority_weight: float = 0.9
     """priority = w max|delta| + (1 - w) mean|delta| over the sequence"""
     priority_from_q: bool = False
@@ -145,9 +164,44 @@ class Args:
     epsilon_base: float = 0.4
     """base of the actors' epsilon logspace"""
 
+    def __post_init__(self):
+        """Settings left at None take the paper's value for --env."""
+        for name, value in PAPER_SETTINGS.get(self.env, {}).items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+
+
+PAPER_SETTINGS = {
+    "babyai": dict(total_timesteps=5_000_000, eval_episodes=20, eval_every=250_000, lstm_size=512, psi_hidden=(128,),
+                   replay_size=100_000, min_replay_size=100, importance_exponent=0.0),
+    "fruitbot": dict(total_timesteps=10_000_000, eval_episodes=10, eval_every=500_000, lstm_size=300,
+                     psi_hidden=(512, 512), replay_size=70_000, min_replay_size=10_000, importance_exponent=0.6),
+}
+ENVS = {"babyai": babyai, "fruitbot": fruitbot}
+TORSOS = {"babyai": "dqn", "fruitbot": "impala"}
+GPI_SUPPORTS = ("train", "test")
+
+
+def env_module(args: Args):
+    """common.babyai or common.fruitbot: the env's actions and tasks."""
+    return ENVS[args.env]
+
 
 def check_args(args: Args) -> None:
     """Refuse settings that cannot work, with one line saying what to change."""
+    require(args.env in ENVS, f"--env must be one of {', '.join(ENVS)} (MiniHack is not implemented yet), got "
+                              f"{args.env!r}")
+    if args.env == "fruitbot":
+        require(not args.truncate_task_input, "--truncate-task-input is a BabyAI setting (Fruitbot tasks are whole "
+                                              "numbers)")
+        require(args.distribution_mode in fruitbot.DISTRIBUTION_MODES, f"--distribution-mode must be one of "
+                f"{', '.join(fruitbot.DISTRIBUTION_MODES)}, got {args.distribution_mode!r}")
+        require_positive(args, "max_levels")
+        require_non_negative(args, "train_levels")
+    require(args.gpi_support in GPI_SUPPORTS, f"--gpi-support must be one of {', '.join(GPI_SUPPORTS)}, got "
+                                              f"{args.gpi_support!r}")
+    require(args.env == "fruitbot" or args.gpi_support == "train", "--gpi-support test is the original's Fruitbot "
+                                                                  "evaluator; BabyAI's GPI is over the train tasks")
     require_positive(args, "num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every",
                      "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
                      "lstm_size", "learning_rate", "adam_eps", "max_grad_norm", "checkpoint_minutes", "epsilon_base",
@@ -156,8 +210,6 @@ def check_args(args: Args) -> None:
     require_non_negative(args, "q_coeff", "sf_coeff", "phi_coeff", "seed", "importance_exponent")
     require(all(x > 0 for x in args.psi_hidden + args.phi_hidden), "--psi-hidden and --phi-hidden sizes must be "
                                                                    "positive")
-    require(args.env in ENVS, f"--env must be one of {', '.join(ENVS)} (Fruitbot and MiniHack are not implemented "
-                              f"yet), got {args.env!r}")
     require(args.learned_cumulants or not args.priority_from_q, "--priority-from-q needs --learned-cumulants (USFA "
                                                                 "with the env's cumulants learns no Q TD error)")
     require(args.sequence_length == args.sequence_period + 1,
@@ -176,11 +228,29 @@ def check_args(args: Args) -> None:
             f"--num-envs x --sequence-period), got {args.total_timesteps}")
 
 
-ENVS = ("babyai",)
-
-
 def method_name(args: Args) -> str:
     return "USFA (learned cumulants)" if args.learned_cumulants else "USFA"
+
+
+PAPER_PARAMS = {"babyai": "2.35M", "fruitbot": "1.98M"}
+"""the paper's parameter count of USFA with learned cumulants per env"""
+
+
+def replay_bytes(args: Args) -> int:
+    """Memory replay takes per seed (Fruitbot: one 64x64x3 uint8 frame per step dominates)."""
+    obs = int(np.prod(fruitbot.IMAGE_SHAPE if args.env == "fruitbot" else (5, 5, 3)))
+    return args.replay_size * args.sequence_length * (obs + 4 * (2 * fruitbot.TASK_DIM + 4) + 3)
+
+
+def check_memory(args: Args) -> None:
+    """Refuse a replay that cannot fit this machine's memory (CPU) before allocating it."""
+    if jax.default_backend() != "cpu":
+        return
+    need = replay_bytes(args) * args.num_seeds
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    require(need < 0.8 * have, f"replay of {args.replay_size:,} sequences x {args.num_seeds} seed(s) needs "
+                               f"{need / 2**30:.1f} GiB, more than this machine's {have / 2**30:.1f} GiB allow: lower "
+                               f"--replay-size (and --min-replay-size)")
 
 
 def steps_per_iteration(args: Args) -> int:
@@ -194,25 +264,27 @@ def sgd_steps_per_iteration(args: Args) -> int:
 
 
 # =====================================================================================================================
-# Network: DQN torso -> LSTM -> psi(s, a, z) = MLP([h; z]) and, with learned cumulants, phi = MLP([h_{t+1}; h_t])
+# Network: DQN (BabyAI) or Impala (Fruitbot) torso -> LSTM -> psi(s, a, z) = MLP([h; z]) and, with learned cumulants, phi = MLP([h_{t+1}; h_t])
 # =====================================================================================================================
 class USFANetwork(eqx.Module):
     core: LSTMCore
     psi_mlp: MLP  # [h; z] -> A x C
     phi_mlp: MLP | None  # [h_{t+1}; h_t] -> C (learned cumulants only)
     task_dim: int = eqx.field(static=True)
+    num_actions: int = eqx.field(static=True)
 
     def __init__(self, args: Args, task_dim: int, key):
         k_core, k_psi, k_phi = jax.random.split(key, 3)
-        self.core = LSTMCore(NUM_ACTIONS, args.lstm_size, k_core)
-        self.psi_mlp = MLP((args.lstm_size + task_dim, *args.psi_hidden, NUM_ACTIONS * task_dim), k_psi)
+        self.num_actions = env_module(args).NUM_ACTIONS
+        self.core = LSTMCore(self.num_actions, args.lstm_size, k_core, torso=TORSOS[args.env])
+        self.psi_mlp = MLP((args.lstm_size + task_dim, *args.psi_hidden, self.num_actions * task_dim), k_psi)
         self.phi_mlp = (MLP((2 * args.lstm_size, *args.phi_hidden, task_dim), k_phi)
                         if args.learned_cumulants else None)
         self.task_dim = task_dim
 
     def psi(self, h, z):
         """Successor features [A, C] of policy z."""
-        return self.psi_mlp(jnp.concatenate([h, z])).reshape(NUM_ACTIONS, self.task_dim)
+        return self.psi_mlp(jnp.concatenate([h, z])).reshape(self.num_actions, self.task_dim)
 
     def phi(self, h_next, h):
         """Learned cumulants [C] of the transition between states h and h_next."""
@@ -233,7 +305,8 @@ def gpi_q_values(net, h, w, policies):
 # Replay items and the recurrent unroll
 # =====================================================================================================================
 class Step(NamedTuple):
-    obs: jax.Array  # uint8 [5, 5, 3], the symbolic view (rendered to RGB by the network's caller)
+    obs: jax.Array  # uint8: BabyAI's symbolic view [5, 5, 3] (rendered to RGB by the network's caller), or Fruitbot's
+    #                 frame [64, 64, 3]
     w: jax.Array  # float32 [C], the task as the agent sees it
     prev_action: jax.Array  # int32
     prev_reward: jax.Array  # float32
@@ -244,6 +317,7 @@ class Step(NamedTuple):
     final_obs: jax.Array  # uint8 [5, 5, 3]: the view the action led to where it ended the episode (kept only with
     #                       --time-limit-is-termination and learned cumulants, for the learned cumulant of that
     #                       transition; else [0])
+    terminal: jax.Array  # bool: action ended the episode by termination (Fruitbot: a barrier or the last level)
 
 
 class Sequence(NamedTuple):
@@ -261,14 +335,15 @@ def reset_where(first, state, initial):
 
 def core_step(core, rgb, prev_action, prev_reward, state):
     """One step of the recurrent core on one observation."""
-    return core.recur(core.torso(rgb), oar_vector(prev_action, prev_reward, NUM_ACTIONS), state)
+    return core.recur(core.torso(rgb), oar_vector(prev_action, prev_reward, core.num_actions), state)
 
 
-def unroll(core, render, seq: Sequence):
-    """The recurrent states (h, c) [T, ...] along a sequence, resetting at episode starts (the torso runs outside
-    the scan)."""
+def unroll_maps(core, render, seq: Sequence):
+    """The torso's maps [T, ...] and the recurrent states (h, c) [T, ...] along a sequence, resetting at episode
+    starts (the torso runs outside the scan)."""
     maps = jax.vmap(lambda o: core.torso(render(o)))(seq.steps.obs)
-    vectors = jax.vmap(partial(oar_vector, num_actions=NUM_ACTIONS))(seq.steps.prev_action, seq.steps.prev_reward)
+    vectors = jax.vmap(partial(oar_vector, num_actions=core.num_actions))(seq.steps.prev_action,
+                                                                          seq.steps.prev_reward)
 
     def step(state, x):
         image_map, vector, first = x
@@ -276,7 +351,12 @@ def unroll(core, render, seq: Sequence):
         return state, state
 
     _, states = jax.lax.scan(step, seq.state, (maps, vectors, seq.steps.first))
-    return states
+    return maps, states
+
+
+def unroll(core, render, seq: Sequence):
+    """The recurrent states (h, c) [T, ...] along a sequence."""
+    return unroll_maps(core, render, seq)[1]
 
 
 def keeps_final_view(args) -> bool:
@@ -284,14 +364,20 @@ def keeps_final_view(args) -> bool:
     return args.time_limit_is_termination and args.learned_cumulants
 
 
-def next_states(core, render, seq: Sequence, states, args):
+def next_states(core, render, seq: Sequence, states, args, maps=None):
     """h_{t+1} [T-1, ...] of each transition t, for its learned cumulant phi(h_{t+1}, h_t): the next step's state;
     with --time-limit-is-termination, where the episode ended at t, the state after its final view instead (the
-    next step belongs to another episode; without the flag that transition is masked)."""
+    next step belongs to another episode; without the flag that transition is masked). Fruitbot: procgen renders
+    the next level before it returns, so where an episode ended, that first frame (maps[t+1]) read with the state
+    carried on stands for the final view, as in the original; only terminal transitions use it."""
     h_next = states[0][1:]
+    s = seq.steps
+    if args.env == "fruitbot":
+        vectors = jax.vmap(partial(oar_vector, num_actions=core.num_actions))(s.action[:-1], s.reward[:-1])
+        carried, _ = jax.vmap(core.recur)(maps[1:], vectors, jax.tree.map(lambda x: x[:-1], states))
+        return jnp.where(s.first[1:].reshape((-1,) + (1,) * (h_next.ndim - 1)), carried, h_next)
     if not keeps_final_view(args):
         return h_next
-    s = seq.steps
     final, _ = jax.vmap(partial(core_step, core))(jax.vmap(render)(s.final_obs[:-1]), s.action[:-1], s.reward[:-1],
                                                   jax.tree.map(lambda x: x[:-1], states))
     return jnp.where(s.first[1:].reshape((-1,) + (1,) * (h_next.ndim - 1)), final, h_next)
@@ -300,33 +386,33 @@ def next_states(core, render, seq: Sequence, states, args):
 # =====================================================================================================================
 # n-step targets, priorities and the losses (learned cumulants: MSFA's three; hand-designed: SF learning only)
 # =====================================================================================================================
-def n_step_targets(rewards, values, continues, n: int, gamma: float, terminal_at_end: bool = False):
+def n_step_targets(rewards, values, continues, n: int, gamma: float, terminal_at_end=False):
     """Truncated n-step targets for the T-1 transitions of a sequence of T steps.
 
     rewards [T-1, ...]: reward (or cumulant) of transition t (step t -> t+1).
     values [T, ...]: bootstrap value of each step.
     continues [T-1]: step t+1 is in the same episode as step t.
+    terminal_at_end: bool, or bool [T-1]: where transition t ends its episode, whether by termination.
     G_t = sum_{i<m} gamma^i rewards[t+i] + gamma^m values[t+m], with m = min(n, the steps left in t's episode
-    within the sequence). Transition t is valid if m >= 1; the last transition of an episode (its next observation
-    was never seen: the time limit is a truncation) has m = 0 and is masked. Returns (targets, valid).
-    terminal_at_end (the original's "time limit = termination"): the episode's last transition counts too, and a
-    return that reaches the episode's end sums its rewards up to and including that transition and bootstraps
-    nothing; every transition is valid.
+    within the sequence). An episode that ends by truncation (a time limit) never saw its next observation: its last
+    transition has m = 0 and is masked. One that ends by termination (Fruitbot's barriers and last level; every end
+    with --time-limit-is-termination, the original's) learns its last transition too: a return reaching that end
+    sums the rewards up to and including it and bootstraps nothing. Returns (targets, valid).
     """
     num = rewards.shape[0]
     extra = (None,) * (rewards.ndim - 1)
     pad = lambda x: jnp.concatenate([x, jnp.zeros((n,) + x.shape[1:], x.dtype)])  # noqa: E731
-    rewards_p, continues_p = pad(rewards), pad(continues.astype(bool))
+    terminal = jnp.broadcast_to(jnp.asarray(terminal_at_end, bool), (num,))
+    rewards_p, continues_p, terminal_p = pad(rewards), pad(continues.astype(bool)), pad(terminal)
     t = jnp.arange(num)
     total = jnp.zeros_like(rewards)
     discount = jnp.ones(num, rewards.dtype)
     boot = t
     alive = jnp.ones(num, bool)  # transition t + i belongs to t's episode
-    ended = jnp.zeros(num, bool)  # the return reached the episode's end (terminal_at_end only)
+    ended = jnp.zeros(num, bool)  # the return reached its episode's terminal end
     for i in range(n):
-        counted = alive & (t + i < num)
-        if not terminal_at_end:  # a transition counts only if its next observation was seen
-            counted = counted & continues_p[t + i]
+        # a transition counts if its next observation was seen, or if it ended the episode by termination
+        counted = alive & (t + i < num) & (continues_p[t + i] | terminal_p[t + i])
         total = total + jnp.where(counted, discount, 0.0)[(...,) + extra] * rewards_p[t + i]
         discount = jnp.where(counted, discount * gamma, discount)
         boot = jnp.where(counted, t + i + 1, boot)
@@ -334,6 +420,11 @@ def n_step_targets(rewards, values, continues, n: int, gamma: float, terminal_at
         alive = counted & continues_p[t + i]
     bootstrap = jnp.where(ended, 0.0, discount)[(...,) + extra] * values[boot]
     return total + bootstrap, boot > t
+
+
+def terminal_transitions(seq: Sequence, args: Args):
+    """bool [T-1]: transition t ends its episode by termination (with --time-limit-is-termination, every end)."""
+    return seq.steps.terminal[:-1] | args.time_limit_is_termination
 
 
 def double_q_bootstrap(q_online, values_target):
@@ -362,10 +453,11 @@ def importance_weights(probabilities, exponent: float):
 
 
 def successor_features(net, target_net, render, seq: Sequence):
-    """States (h, c) [T, ...] along a sequence, and the online and (stop-gradient) target psi [T, A, C] of z = w."""
-    states = unroll(net.core, render, seq)
+    """Torso maps and states (h, c) [T, ...] along a sequence, and the online and (stop-gradient) target psi
+    [T, A, C] of z = w."""
+    maps, states = unroll_maps(net.core, render, seq)
     h_target = jax.lax.stop_gradient(unroll(target_net.core, render, seq)[0])
-    return states, jax.vmap(net.psi)(states[0], seq.steps.w), jax.vmap(target_net.psi)(h_target, seq.steps.w)
+    return maps, states, jax.vmap(net.psi)(states[0], seq.steps.w), jax.vmap(target_net.psi)(h_target, seq.steps.w)
 
 
 def sf_td_error(psi, psi_target, cumulants, seq: Sequence, args: Args):
@@ -374,7 +466,7 @@ def sf_td_error(psi, psi_target, cumulants, seq: Sequence, args: Args):
     s = seq.steps
     q = jnp.einsum("tac,tc->ta", psi, s.w)
     targets, valid = n_step_targets(cumulants, double_q_bootstrap(q, psi_target), ~s.first[1:], args.n_step,
-                                    args.gamma, args.time_limit_is_termination)
+                                    args.gamma, terminal_transitions(seq, args))
     return jax.lax.stop_gradient(targets) - psi[jnp.arange(q.shape[0] - 1), s.action[:-1]], valid
 
 
@@ -383,15 +475,15 @@ def sequence_loss(net: USFANetwork, target_net: USFANetwork, render, seq: Sequen
 
     step_mask [T-1] (optional) keeps only some transitions: the masking test uses it to look at one episode."""
     s = seq.steps
-    states, psi, psi_target = successor_features(net, target_net, render, seq)  # psi [T, A, C]
+    maps, states, psi, psi_target = successor_features(net, target_net, render, seq)  # psi [T, A, C]
     q = jnp.einsum("tac,tc->ta", psi, s.w)
     q_target = jnp.einsum("tac,tc->ta", psi_target, s.w)
-    phi = jax.vmap(net.phi)(next_states(net.core, render, seq, states, args), states[0][:-1])  # [T-1, C]
+    phi = jax.vmap(net.phi)(next_states(net.core, render, seq, states, args, maps), states[0][:-1])  # [T-1, C]
     steps, taken = jnp.arange(q.shape[0] - 1), s.action[:-1]
 
     # n-step double Q-learning on Q = psi . w
     q_targets, valid = n_step_targets(s.reward[:-1], double_q_bootstrap(q, q_target), ~s.first[1:], args.n_step,
-                                      args.gamma, args.time_limit_is_termination)
+                                      args.gamma, terminal_transitions(seq, args))
     if step_mask is not None:
         valid = valid & step_mask
     delta_q = jax.lax.stop_gradient(q_targets) - q[steps, taken]
@@ -415,7 +507,7 @@ def oracle_sequence_loss(net: USFANetwork, target_net: USFANetwork, render, seq:
     """Hand-designed cumulants: n-step double-Q SF learning with the env's cumulants, one TD problem per dimension;
     and the priority. The pseudo-reward of transition t is steps.phi[t], the cumulant of the same transition as
     steps.reward[t]."""
-    _, psi, psi_target = successor_features(net, target_net, render, seq)
+    _, _, psi, psi_target = successor_features(net, target_net, render, seq)
     delta_psi, valid = sf_td_error(psi, psi_target, seq.steps.phi[:-1], seq, args)  # [T-1, C]
     if step_mask is not None:
         valid = valid & step_mask
@@ -470,8 +562,8 @@ def batch_loss(net: USFANetwork, target_net: USFANetwork, render, batch: Sequenc
 # =====================================================================================================================
 class Actor(NamedTuple):
     """Per-env acting state."""
-    env_state: object
-    obs: object
+    env_state: object  # BabyAI: the JAX env's state; Fruitbot: the seed's index (its envs live on the host)
+    obs: Observation  # (image, w)
     prev_action: jax.Array
     prev_reward: jax.Array
     first: jax.Array
@@ -493,8 +585,9 @@ class TrainState(NamedTuple):
 
 class Setup(NamedTuple):
     """Everything static a run needs, built once from Args."""
-    env: GotoAvoid
-    env_params: object
+    env: GotoAvoid | list  # BabyAI: the JAX env; Fruitbot: one common.fruitbot.Fruitbot per seed (host envs)
+    env_params: object  # BabyAI's EnvParams (None on Fruitbot)
+    render: object  # stored observation -> RGB (BabyAI renders its symbolic view; Fruitbot stores frames)
     static: object  # the network's non-array parts (eqx.partition)
     optimizer: optax.GradientTransformation
     buffer: object  # flashbax prioritised item buffer of Sequences
@@ -502,11 +595,24 @@ class Setup(NamedTuple):
 
 
 def make_network(args: Args, key) -> USFANetwork:
-    return USFANetwork(args, TRAIN_TASKS.shape[1], key)
+    return USFANetwork(args, env_module(args).TASK_DIM if args.env == "fruitbot" else babyai.NUM_CATEGORIES, key)
 
 
-def make_setup(args: Args) -> Setup:
-    env = GotoAvoid(obs_mode="symbolic", truncate_task_input=args.truncate_task_input)
+def make_fruitbot(args: Args, num_envs: int, seed: int, tasks=fruitbot.TRAIN_TASKS, num_levels: int | None = None,
+                  task_of_env=None) -> fruitbot.Fruitbot:
+    return fruitbot.Fruitbot(num_envs, tasks, seed=seed, distribution_mode=args.distribution_mode,
+                             num_levels=args.train_levels if num_levels is None else num_levels,
+                             max_levels=args.max_levels, task_of_env=task_of_env)
+
+
+def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
+    """seeds: whose Fruitbot training envs to build (none: a setup for the network, losses and evaluation only)."""
+    if args.env == "fruitbot":
+        env, env_params, render = [make_fruitbot(args, args.num_envs, seed) for seed in seeds or []], None, (
+            lambda image: image)
+    else:
+        env = GotoAvoid(obs_mode="symbolic", truncate_task_input=args.truncate_task_input)
+        env_params, render = make_params(babyai.TRAIN_TASKS), env.rgb_from_symbolic
     _, static = eqx.partition(make_network(args, jax.random.PRNGKey(0)), eqx.is_inexact_array)
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm),
                             optax.adam(args.learning_rate, eps=args.adam_eps))
@@ -516,22 +622,32 @@ def make_setup(args: Args) -> Setup:
         device="cpu" if jax.default_backend() == "cpu" else "gpu")
     lo, hi = args.epsilon_exponents
     epsilons = jnp.logspace(lo, hi, args.num_epsilons, base=args.epsilon_base)
-    return Setup(env, make_params(TRAIN_TASKS), static, optimizer, buffer, epsilons)
+    return Setup(env, env_params, render, static, optimizer, buffer, epsilons)
 
 
-def init_train_state(setup: Setup, args: Args, key) -> TrainState:
+def fresh_actors(setup: Setup, args: Args, k_env, k_eps, seed_index: int = 0) -> Actor:
+    """Every env of one seed at the start of a new episode. BabyAI resets in JAX (jittable); Fruitbot resets the
+    seed's host envs (at the start of a run, and on resume: host envs are not in the checkpoint)."""
+    e = args.num_envs
+    if args.env == "fruitbot":
+        reset = setup.env[seed_index].reset()
+        obs, env_state = Observation(jnp.asarray(reset["image"]), jnp.asarray(reset["w"])), jnp.int32(seed_index)
+    else:
+        obs, env_state = jax.vmap(setup.env.reset, (0, None))(jax.random.split(k_env, e), setup.env_params)
+    initial = (jnp.zeros(args.lstm_size),) * 2  # the LSTM's initial (h, c)
+    return Actor(env_state=env_state, obs=obs, prev_action=jnp.zeros(e, jnp.int32), prev_reward=jnp.zeros(e),
+                 first=jnp.ones(e, bool), rnn=jax.tree.map(lambda x: jnp.broadcast_to(x, (e,) + x.shape), initial),
+                 epsilon=jax.random.choice(k_eps, setup.epsilons, (e,)), episode_return=jnp.zeros(e))
+
+
+def init_train_state(setup: Setup, args: Args, key, actors: Actor | None = None) -> TrainState:
+    """A new run's state; actors: the envs' start (needed on Fruitbot, whose envs reset on the host)."""
     k_net, k_target, k_env, k_eps, k_run = jax.random.split(key, 5)
     params, _ = eqx.partition(make_network(args, k_net), eqx.is_inexact_array)
     # as in the original, the target network starts from its own random init until the first copy
     target_params, _ = eqx.partition(make_network(args, k_target), eqx.is_inexact_array)
-    obs, env_state = jax.vmap(setup.env.reset, (0, None))(jax.random.split(k_env, args.num_envs), setup.env_params)
-    net = eqx.combine(params, setup.static)
-    e = args.num_envs
-    actors = Actor(
-        env_state=env_state, obs=obs, prev_action=jnp.zeros(e, jnp.int32), prev_reward=jnp.zeros(e),
-        first=jnp.ones(e, bool),
-        rnn=jax.tree.map(lambda x: jnp.broadcast_to(x, (e,) + x.shape), net.core.initial_state()),
-        epsilon=jax.random.choice(k_eps, setup.epsilons, (e,)), episode_return=jnp.zeros(e))
+    if actors is None:
+        actors = fresh_actors(setup, args, k_env, k_eps)
     example = jax.tree.map(lambda x: x[0], make_sequences(
         jax.tree.map(lambda x: jnp.zeros((args.sequence_period,) + x.shape, x.dtype), current_step(actors, args)),
         actors, actors.rnn, args))
@@ -548,7 +664,7 @@ def current_step(actors: Actor, args: Args) -> Step:
                 first=actors.first, action=actors.prev_action, reward=actors.prev_reward,
                 phi=jnp.zeros_like(actors.obs.w),
                 final_obs=jnp.zeros(actors.obs.image.shape if keeps_final_view(args) else actors.prev_action.shape
-                                    + (0,), jnp.uint8))
+                                    + (0,), jnp.uint8), terminal=jnp.zeros_like(actors.first))
 
 
 def make_sequences(steps: Step, actors: Actor, start_rnn, args: Args) -> Sequence:
@@ -559,30 +675,51 @@ def make_sequences(steps: Step, actors: Actor, start_rnn, args: Args) -> Sequenc
     return Sequence(steps=jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), state=start_rnn)
 
 
+def fruitbot_step(setup: Setup, args: Args, seed_index, action):
+    """Step one seed's host Fruitbot envs from inside the jitted program (jax.experimental.io_callback). Under the
+    seed vmap JAX runs the callback once per seed, in turn; the actions of step t+1 depend on its frames, so the
+    calls of one seed stay in order."""
+    e, c = args.num_envs, fruitbot.TASK_DIM
+
+    def host(seed_index, action):
+        obs, reward, terminated, truncated, info = setup.env[int(seed_index)].step(np.asarray(action))
+        return obs["image"], obs["w"], reward, terminated, truncated, info["phi"]
+
+    shapes = (jax.ShapeDtypeStruct((e,) + fruitbot.IMAGE_SHAPE, jnp.uint8), jax.ShapeDtypeStruct((e, c), jnp.float32),
+              jax.ShapeDtypeStruct((e,), jnp.float32), jax.ShapeDtypeStruct((e,), jnp.bool_),
+              jax.ShapeDtypeStruct((e,), jnp.bool_), jax.ShapeDtypeStruct((e, c), jnp.float32))
+    return io_callback(host, shapes, seed_index, action)
+
+
 def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     """One env step in every env: epsilon-greedy on Q = psi . w for the training task w (no GPI)."""
     net = eqx.combine(params, setup.static)
-    env = setup.env
     k_explore, k_action, k_env, k_eps = jax.random.split(key, 4)
     e = args.num_envs
     rnn = reset_where(actors.first, actors.rnn, net.core.initial_state())
-    rnn = jax.vmap(partial(core_step, net.core))(jax.vmap(env.rgb_from_symbolic)(actors.obs.image),
+    rnn = jax.vmap(partial(core_step, net.core))(jax.vmap(setup.render)(actors.obs.image),
                                                  actors.prev_action, actors.prev_reward, rnn)
     q = jax.vmap(partial(q_values, net))(rnn[0], actors.obs.w)
     explore = jax.random.uniform(k_explore, (e,)) < actors.epsilon
-    action = jnp.where(explore, jax.random.randint(k_action, (e,), 0, NUM_ACTIONS), jnp.argmax(q, -1))
-    obs, env_state, reward, _, truncated, info = jax.vmap(env.step, (0, 0, 0, None))(
-        jax.random.split(k_env, e), actors.env_state, action, setup.env_params)
-    step = current_step(actors, args)._replace(action=action, reward=reward, phi=info["phi"])
+    action = jnp.where(explore, jax.random.randint(k_action, (e,), 0, net.num_actions), jnp.argmax(q, -1))
+    if args.env == "fruitbot":
+        image, w, reward, terminated, truncated, phi = fruitbot_step(setup, args, actors.env_state, action)
+        obs, env_state, final_image = Observation(image, w), actors.env_state, None
+    else:  # BabyAI's episodes end by their time limit only
+        obs, env_state, reward, terminated, truncated, info = jax.vmap(setup.env.step, (0, 0, 0, None))(
+            jax.random.split(k_env, e), actors.env_state, action, setup.env_params)
+        phi, final_image = info["phi"], info["final_image"]
+    done = terminated | truncated
+    step = current_step(actors, args)._replace(action=action, reward=reward, phi=phi, terminal=terminated)
     if keeps_final_view(args):
-        step = step._replace(final_obs=info["final_image"])
+        step = step._replace(final_obs=final_image)
     episode_return = actors.episode_return + reward
-    finished = {"done": truncated, "return": episode_return, "task": jnp.argmax(actors.obs.w, -1)}
+    finished = {"done": done, "return": episode_return, "task": jnp.argmax(actors.obs.w, -1)}
     actors = Actor(
-        env_state=env_state, obs=obs, prev_action=jnp.where(truncated, 0, action),
-        prev_reward=jnp.where(truncated, 0.0, reward), first=truncated, rnn=rnn,
-        epsilon=jnp.where(truncated, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),
-        episode_return=jnp.where(truncated, 0.0, episode_return))
+        env_state=env_state, obs=obs, prev_action=jnp.where(done, 0, action),
+        prev_reward=jnp.where(done, 0.0, reward), first=done, rnn=rnn,
+        epsilon=jnp.where(done, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),
+        episode_return=jnp.where(done, 0.0, episode_return))
     return actors, (step, finished)
 
 
@@ -592,7 +729,7 @@ def sgd_step(setup: Setup, args: Args, state: TrainState, key):
     target_net = eqx.combine(state.target_params, setup.static)
 
     def loss_fn(params):
-        return batch_loss(eqx.combine(params, setup.static), target_net, setup.env.rgb_from_symbolic,
+        return batch_loss(eqx.combine(params, setup.static), target_net, setup.render,
                           sample.experience, sample.probabilities, args)
 
     grads, (priorities, metrics) = jax.grad(loss_fn, has_aux=True)(state.params)
@@ -625,12 +762,12 @@ def train_iteration(setup: Setup, args: Args, state: TrainState, _):
     def wait(state):
         zeros = {k: jnp.zeros(()) for k in loss_names(args)} | {"learning": jnp.zeros(())}
         if args.learned_cumulants:
-            zeros["cumulant_stats"] = jnp.zeros((len(CUMULANT_SUMS), TRAIN_TASKS.shape[1]))
+            zeros["cumulant_stats"] = jnp.zeros((len(CUMULANT_SUMS), env_module(args).TRAIN_TASKS.shape[1]))
         return state, zeros
 
     state, metrics = jax.lax.cond(setup.buffer.can_sample(state.buffer), learn, wait, state)
     done = finished["done"]
-    one_hot = jax.nn.one_hot(finished["task"], TRAIN_TASKS.shape[0]) * done[..., None]
+    one_hot = jax.nn.one_hot(finished["task"], env_module(args).TRAIN_TASKS.shape[0]) * done[..., None]
     metrics["return_sum"] = jnp.sum(one_hot * finished["return"][..., None], axis=(0, 1))
     metrics["return_count"] = jnp.sum(one_hot, axis=(0, 1))
     metrics["epsilon"] = jnp.mean(actors.epsilon)
@@ -649,15 +786,24 @@ def make_train_chunk(setup: Setup, args: Args, iterations: int):
 # =====================================================================================================================
 GPI_SETTINGS = (0, 1)
 """eval.csv's gpi column: 0 acts on psi(s, a, w) . w, 1 on max_z psi(s, a, z) . w over the train tasks"""
-EVAL_TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])
-TRAIN_TASK_NAMES = [format_task(w) for w in TRAIN_TASKS]
+EVAL_TASKS = np.concatenate([babyai.TRAIN_TASKS, babyai.TEST_TASKS])
+TRAIN_TASK_NAMES = [format_task(w) for w in babyai.TRAIN_TASKS]
 
 
-def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
-    """A jitted evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params, on the train
-    and test tasks (or any task vectors: results/evaluate.py)."""
+def eval_tasks(args: Args) -> np.ndarray:
+    """The env's train tasks, then its test tasks."""
+    return np.concatenate([env_module(args).TRAIN_TASKS, env_module(args).TEST_TASKS])
+
+
+def make_evaluate(setup: Setup, args: Args, tasks=None):
+    """evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params, on the train and test
+    tasks (or any task vectors: results/evaluate.py). BabyAI: one jitted program; Fruitbot: greedy lifetimes on
+    unrestricted levels, the network acting for all (task, episode) envs at once, the envs on the host."""
+    tasks = eval_tasks(args) if tasks is None else tasks
+    if args.env == "fruitbot":
+        return make_fruitbot_evaluate(setup, args, tasks)
     env = setup.env
-    policies = jnp.asarray(TRAIN_TASKS)
+    policies = jnp.asarray(babyai.TRAIN_TASKS)
 
     def episode_return(params, key, w, use_gpi: bool):
         net = eqx.combine(params, setup.static)
@@ -691,16 +837,57 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
     return evaluate
 
 
-def eval_rows(evaluate, params, seeds: list[int], step: int) -> list[dict]:
+def make_fruitbot_evaluate(setup: Setup, args: Args, tasks):
+    policies = jnp.asarray(fruitbot.TRAIN_TASKS if args.gpi_support == "train" else fruitbot.TEST_TASKS)
+    tasks = np.asarray(tasks, np.float32)
+
+    @partial(jax.jit, static_argnames="use_gpi")
+    def act(params, image, w, prev_action, prev_reward, first, rnn, use_gpi: bool):
+        net = eqx.combine(params, setup.static)
+        rnn = reset_where(first, rnn, net.core.initial_state())
+        rnn = jax.vmap(partial(core_step, net.core))(image, prev_action, prev_reward, rnn)
+        if use_gpi:
+            q = jax.vmap(lambda h, w: gpi_q_values(net, h, w, policies))(rnn[0], w)
+        else:
+            q = jax.vmap(partial(q_values, net))(rnn[0], w)
+        return jnp.argmax(q, -1), rnn
+
+    def evaluate(params, key):
+        seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
+        n = len(tasks) * args.eval_episodes
+        initial = eqx.combine(params, setup.static).core.initial_state()
+        out = []
+        for g in GPI_SETTINGS:
+            env = make_fruitbot(args, n, seed, tasks, num_levels=0,
+                                task_of_env=np.repeat(np.arange(len(tasks)), args.eval_episodes))
+            obs = env.reset()
+            rnn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), initial)
+            prev_action, prev_reward, first = np.zeros(n, np.int32), np.zeros(n, np.float32), np.ones(n, bool)
+            returns, running = np.zeros(n, np.float32), np.ones(n, bool)
+            while running.any():
+                action, rnn = act(params, obs["image"], obs["w"], prev_action, prev_reward, first, rnn, use_gpi=g == 1)
+                obs, reward, terminated, truncated, _ = env.step(np.asarray(action))
+                returns += np.where(running, reward, 0.0)
+                done = terminated | truncated
+                running &= ~done
+                prev_action, prev_reward, first = np.where(done, 0, action), np.where(done, 0.0, reward), done
+            out.append(returns.reshape(len(tasks), args.eval_episodes))
+        return np.stack(out)
+
+    return evaluate
+
+
+def eval_rows(evaluate, params, seeds: list[int], step: int, args: Args) -> list[dict]:
     """eval.csv rows of every seed: mean and std of the greedy return per task and GPI setting."""
     eval_key = jax.random.PRNGKey(10_000 + step)
+    tasks, num_train = eval_tasks(args), len(env_module(args).TRAIN_TASKS)
     rows = []
     for i, seed in enumerate(seeds):
         returns = np.asarray(evaluate(jax.tree.map(lambda x: x[i], params), jax.random.fold_in(eval_key, seed)))
         for g_index, g in enumerate(GPI_SETTINGS):
-            for t, w in enumerate(EVAL_TASKS):
+            for t, w in enumerate(tasks):
                 r = returns[g_index, t]
-                rows.append({"step": step, "seed": seed, "split": "train" if t < len(TRAIN_TASKS) else "test",
+                rows.append({"step": step, "seed": seed, "split": "train" if t < num_train else "test",
                              "task": format_task(w), "gpi": g, "episodes": len(r), "return_mean": float(r.mean()),
                              "return_std": float(r.std())})
     return rows
@@ -712,19 +899,36 @@ def eval_rows(evaluate, params, seeds: list[int], step: int) -> list[dict]:
 @exit_on_config_error
 def main(args: Args) -> None:
     check_args(args)
+    if args.env == "fruitbot":
+        check_memory(args)
     per_iteration = steps_per_iteration(args)
     total_iterations = -(-args.total_timesteps // per_iteration)  # at least --total-timesteps
     total_steps = total_iterations * per_iteration
     run = RunDir(args, method_name(args), total_steps)  # refuses a used, missing or unwritable directory
-    setup = make_setup(args)
     seeds = [args.seed + i for i in range(args.num_seeds)]
-    state = jax.vmap(lambda k: init_train_state(setup, args, k))(jnp.stack([jax.random.PRNGKey(s) for s in seeds]))
+    setup = make_setup(args, seeds)
+    keys = jnp.stack([jax.random.PRNGKey(s) for s in seeds])
+
+    def host_actors():  # Fruitbot's envs reset on the host, one seed at a time
+        return jax.tree.map(lambda *xs: jnp.stack(xs), *[
+            fresh_actors(setup, args, *jax.random.split(jax.random.fold_in(k, 1)), seed_index=i)
+            for i, k in enumerate(keys)])
+
+    if args.env == "fruitbot":
+        # jitted, so that the replay of frames (tens of GB at the paper's size) is allocated once
+        state = jax.jit(jax.vmap(lambda k, a: init_train_state(setup, args, k, a)))(keys, host_actors())
+    else:
+        state = jax.vmap(lambda k: init_train_state(setup, args, k))(keys)
     num_params = count_params(eqx.combine(jax.tree.map(lambda x: x[0], state.params), setup.static))
-    paper = "2.35M" if args.learned_cumulants else "not reported; its table's 2.35M is USFA with learned cumulants"
+    paper = PAPER_PARAMS[args.env] if args.learned_cumulants else (
+        f"not reported; its table's {PAPER_PARAMS[args.env]} is USFA with learned cumulants")
     print(f"{method_name(args)} network: {num_params:,} parameters (paper: {paper})", flush=True)
     if args.resume:
         state, _ = run.restore(state)
-    state = shard_seeds(state, args.num_seeds)  # seeds in parallel over the local devices, if there are several
+        if args.env == "fruitbot":
+            state = state._replace(actors=host_actors())  # the host envs start new episodes (not in the checkpoint)
+    if args.env == "babyai":
+        state = shard_seeds(state, args.num_seeds)  # seeds in parallel over the local devices, if there are several
     run.write_config({"method": method_name(args), "num_params": num_params,
                       "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
     chunk_iterations = max(1, args.log_every // per_iteration)
@@ -737,7 +941,9 @@ def main(args: Args) -> None:
     iteration = run.start_step // per_iteration
     next_eval = (iteration // eval_every_iterations + 1) * eval_every_iterations
     start_time, start_iteration = time.time(), iteration
-    fields = metric_fields(loss_names(args), TRAIN_TASK_NAMES, TRAIN_TASKS.shape[1] * args.learned_cumulants)
+    train_task_names = [format_task(w) for w in env_module(args).TRAIN_TASKS]
+    fields = metric_fields(loss_names(args), train_task_names,
+                           env_module(args).TRAIN_TASKS.shape[1] * args.learned_cumulants)
     with StopSignals() as signals, run.open_logs(fields) as logs:
         while iteration < total_iterations:
             chunk_start = time.time()
@@ -746,14 +952,14 @@ def main(args: Args) -> None:
             iteration += chunk_iterations
             step = iteration * per_iteration
             sps = chunk_iterations * per_iteration / (time.time() - chunk_start)
-            rows = metric_rows(metrics, state.sgd_steps, seeds, step, sps, loss_names(args), TRAIN_TASK_NAMES)
+            rows = metric_rows(metrics, state.sgd_steps, seeds, step, sps, loss_names(args), train_task_names)
             logs.write_metrics(rows)
             require_finite(rows, loss_names(args), run)  # stops on NaN/inf, keeping the last good checkpoint
             eta = (time.time() - start_time) / (iteration - start_iteration) * (total_iterations - iteration)
             print(progress_line(rows, total_steps, eta), flush=True)
             last = iteration >= total_iterations or run.out_of_time()
             if iteration >= next_eval or last:
-                rows = eval_rows(evaluate, state.params, seeds, step)
+                rows = eval_rows(evaluate, state.params, seeds, step, args)
                 logs.write_eval(rows)
                 print(eval_line(rows), flush=True)
                 next_eval += eval_every_iterations

@@ -1,5 +1,5 @@
-"""UVFA baselines on BabyAI GotoAvoid: universal value functions Q(s, a, w) learned with n-step double Q-learning,
-in one file.
+"""UVFA baselines on BabyAI GotoAvoid and Procgen Fruitbot: universal value functions Q(s, a, w) learned with n-step
+double Q-learning, in one file.
 
 - Default, UVFA (Schaul et al., 2015): one LSTM state h; Q = duelling MLP([h; w]).
 - `--farm`, UVFA-FARM: FARM module states h^1..h^n (as in MSFA); Q = duelling MLP([h^1; ...; h^n; w]).
@@ -10,16 +10,22 @@ in one file.
   size within 1% of UVFA-FARM's.
 No method here has GPI: evaluation acts greedily on Q(s, a, w_test) (eval.csv rows with gpi = 0 only).
 
-The file reads top to bottom as the whole algorithm: arguments (the paper's BabyAI settings as defaults), the
+On Fruitbot the targets go through the signed-hyperbolic value transform, as the original's UVFA family did there
+(protocol.md pitfall 12): G = h(sum_i gamma^i r + gamma^n h^-1(Q_target)), h(x) = sign(x)(sqrt(|x| + 1) - 1) + 1e-3 x.
+
+The file reads top to bottom as the whole algorithm: arguments (the paper's settings for --env as defaults), the
 environment, the network and its Q head, replay items, the recurrent unroll, n-step targets and the loss, acting,
-the jitted training program, evaluation, and main (see msfa_babyai.py for the shape of the program).
+the jitted training program, evaluation, and main (see msfa_babyai.py for the shape of the program). One training
+loop serves both environments: Fruitbot's host envs step from inside the jitted chunk through io_callback.
 
     python uvfa.py --seed 3                 # UVFA
     python uvfa.py --farm --seed 3          # UVFA-FARM
     python uvfa.py --modular --seed 3       # MVFA
+    python uvfa.py --env fruitbot --farm --replay-size 10000 --min-replay-size 500   # on Fruitbot
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -31,8 +37,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import io_callback
 
-from common.babyai import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, EnvParams, GotoAvoid, format_task, make_params
+from common import babyai, fruitbot
+from common.babyai import EnvParams, GotoAvoid, Observation, format_task, make_params
 from common.farm import FarmCore, apply_per_module
 from common.networks import MLP, LSTMCore, count_params, oar_vector
 from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, parse_args, metric_fields,
@@ -41,7 +49,7 @@ from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, pa
 
 
 # =====================================================================================================================
-# Arguments: defaults are the paper's BabyAI settings (../shared/reference/protocol.md sections 4-5)
+# Arguments: defaults are the paper's settings for --env (../shared/reference/protocol.md sections 2, 4-5)
 # =====================================================================================================================
 @dataclass
 class Args:
@@ -51,16 +59,18 @@ class Args:
     """seed of the first run; vmapped runs use seed, seed + 1, ..."""
     num_seeds: int = 1
     """independent runs trained side by side in one program (vmapped)"""
-    total_timesteps: int = 5_000_000
-    """env steps per seed (rounded up to whole iterations of num_envs x sequence_period)"""
+    total_timesteps: int | None = None
+    """env steps per seed (rounded up to whole iterations of num_envs x sequence_period; default: the paper's, 5M on
+    BabyAI, 10M on Fruitbot)"""
     num_envs: int = 32
     """parallel envs per seed (the original used 3 actor processes)"""
     run_dir: str | None = None
     """where config.json, metrics.csv, eval.csv, checkpoint.eqx and TensorBoard files go (default runs/<name>)"""
-    eval_episodes: int = 20
-    """greedy episodes per task and per GPI setting at each evaluation"""
-    eval_every: int = 250_000
-    """env steps (per seed) between evaluations; one more runs at the end"""
+    eval_episodes: int | None = None
+    """greedy episodes per task at each evaluation (default: 20 on BabyAI, 10 on Fruitbot)"""
+    eval_every: int | None = None
+    """env steps (per seed) between evaluations; one more runs at the end (default: 250k on BabyAI, 500k on
+    Fruitbot)"""
     log_every: int = 2_560
     """env steps (per seed) between progress lines and metrics rows"""
     track: bool = False
@@ -87,23 +97,33 @@ class Args:
     of being masked"""
 
     env: str = "babyai"
-    """environment (only babyai so far)"""
+    """environment: babyai or fruitbot (the defaults marked "default: ..." follow it)"""
+    distribution_mode: str = "hard"
+    """Fruitbot: procgen's mode (hard: all 12 object types; easy: the original's, 4 types)"""
+    train_levels: int = fruitbot.TRAIN_LEVELS
+    """Fruitbot: training levels come from level seeds 0..train_levels-1 (0: unrestricted)"""
+    max_levels: int = fruitbot.MAX_LEVELS
+    """Fruitbot: levels per episode (lifetime)"""
+    value_transform: str | None = None
+    """the targets' value transform: identity or signed_hyperbolic (default: identity on BabyAI, signed_hyperbolic on
+    Fruitbot, as the original)"""
     farm: bool = False
     """UVFA-FARM: FARM module states instead of one LSTM"""
     modular: bool = False
     """MVFA: FARM module states, Q = sum_k Q^k(s^k, w^k) (implies FARM states)"""
-    lstm_size: int = 512
-    """LSTM state size (UVFA)"""
+    lstm_size: int | None = None
+    """LSTM state size (UVFA; default: 512 on BabyAI, 256 on Fruitbot)"""
     num_modules: int = 4
     """FARM modules (--farm, --modular)"""
-    module_size: int = 150
-    """size of each module's state (--farm, --modular)"""
+    module_size: int | None = None
+    """size of each module's state (--farm, --modular; default: 150 on BabyAI, 64 on Fruitbot)"""
     attention_heads: int = 2
     """heads of FARM's inter-module attention (--farm, --modular)"""
     projection_dim: int = 16
     """channels of FARM's feature attention (--farm, --modular)"""
-    q_hidden: tuple[int, ...] = (128,)
-    """hidden sizes of the value and advantage MLPs of the duelling head"""
+    q_hidden: tuple[int, ...] | None = None
+    """hidden sizes of the value and advantage MLPs of the duelling head (default: 128 on BabyAI, 512 512 on
+    Fruitbot)"""
 
     sequence_length: int = 41
     """steps per replayed sequence (sequence period + 1)"""
@@ -113,18 +133,19 @@ class Args:
     """steps of the n-step targets"""
     gamma: float = 0.99
     """discount"""
-    replay_size: int = 100_000
-    """replay capacity in sequences"""
-    min_replay_size: int = 100
-    """sequences in replay before learning starts"""
+    replay_size: int | None = None
+    """replay capacity in sequences (default: 100k on BabyAI, 70k on Fruitbot: ~33 GiB of frames)"""
+    min_replay_size: int | None = None
+    """sequences in replay before learning starts (default: 100 on BabyAI, 10k on Fruitbot)"""
     samples_per_insert: float = 6.0
     """sampled sequences per inserted sequence (the replay ratio)"""
     batch_size: int = 8
     """sequences per SGD step"""
     priority_exponent: float = 0.9
     """replay samples sequences with probability ~ priority^exponent"""
-    importance_exponent: float = 0.0
-    """exponent of the importance weights that correct prioritised sampling (0: no correction)"""
+    importance_exponent: float | None = None
+    """exponent of the importance weights that correct prioritised sampling (0: no correction; default: 0 on BabyAI,
+    0.6 on Fruitbot)"""
     max_priority_weight: float = 0.9
     """priority = w max|delta| + (1 - w) mean|delta| over the sequence"""
     learning_rate: float = 1e-3
@@ -142,9 +163,44 @@ class Args:
     epsilon_base: float = 0.4
     """base of the actors' epsilon logspace"""
 
+    def __post_init__(self):
+        """Settings left at None take the paper's value for --env."""
+        for name, value in PAPER_SETTINGS.get(self.env, {}).items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+
+
+PAPER_SETTINGS = {
+    "babyai": dict(total_timesteps=5_000_000, eval_episodes=20, eval_every=250_000, lstm_size=512, module_size=150,
+                   q_hidden=(128,), replay_size=100_000, min_replay_size=100, importance_exponent=0.0,
+                   value_transform="identity"),
+    "fruitbot": dict(total_timesteps=10_000_000, eval_episodes=10, eval_every=500_000, lstm_size=256, module_size=64,
+                     q_hidden=(512, 512), replay_size=70_000, min_replay_size=10_000, importance_exponent=0.6,
+                     value_transform="signed_hyperbolic"),
+}
+ENVS = {"babyai": babyai, "fruitbot": fruitbot}
+TORSOS = {"babyai": "dqn", "fruitbot": "impala"}
+VALUE_TRANSFORMS = ("identity", "signed_hyperbolic")
+
+
+def env_module(args: Args):
+    """common.babyai or common.fruitbot: the env's actions and tasks."""
+    return ENVS[args.env]
+
 
 def check_args(args: Args) -> None:
     """Refuse settings that cannot work, with one line saying what to change."""
+    require(args.env in ENVS, f"--env must be one of {', '.join(ENVS)} (MiniHack is not implemented yet), got "
+                              f"{args.env!r}")
+    if args.env == "fruitbot":
+        require(not args.truncate_task_input, "--truncate-task-input is a BabyAI setting (Fruitbot tasks are whole "
+                                              "numbers)")
+        require(args.distribution_mode in fruitbot.DISTRIBUTION_MODES, f"--distribution-mode must be one of "
+                f"{', '.join(fruitbot.DISTRIBUTION_MODES)}, got {args.distribution_mode!r}")
+        require_positive(args, "max_levels")
+        require_non_negative(args, "train_levels")
+    require(args.value_transform in VALUE_TRANSFORMS, f"--value-transform must be one of "
+                                                      f"{', '.join(VALUE_TRANSFORMS)}, got {args.value_transform!r}")
     require_positive(args, "num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every",
                      "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
                      "lstm_size", "num_modules", "module_size", "attention_heads", "projection_dim", "learning_rate",
@@ -152,10 +208,9 @@ def check_args(args: Args) -> None:
     require(args.max_minutes is None or args.max_minutes > 0, f"--max-minutes must be positive, got {args.max_minutes}")
     require_non_negative(args, "seed", "importance_exponent")
     require(all(x > 0 for x in args.q_hidden), f"--q-hidden sizes must be positive, got {args.q_hidden}")
-    require(args.env in ENVS, f"--env must be one of {', '.join(ENVS)} (Fruitbot and MiniHack are not implemented "
-                              f"yet), got {args.env!r}")
-    require(not args.modular or TRAIN_TASKS.shape[1] % args.num_modules == 0,
-            f"--modular: --num-modules must divide the task dimension {TRAIN_TASKS.shape[1]}, got {args.num_modules}")
+    task_dim = env_module(args).TRAIN_TASKS.shape[1]
+    require(not args.modular or task_dim % args.num_modules == 0,
+            f"--modular: --num-modules must divide the task dimension {task_dim}, got {args.num_modules}")
     require(args.sequence_length == args.sequence_period + 1,
             f"--sequence-length must be --sequence-period + 1 (sequences share one step), got "
             f"{args.sequence_length} and {args.sequence_period}")
@@ -172,8 +227,25 @@ def check_args(args: Args) -> None:
             f"--num-envs x --sequence-period), got {args.total_timesteps}")
 
 
-ENVS = ("babyai",)
-PAPER_PARAMS = {"UVFA": "2.09M", "UVFA-FARM": "2.17M", "MVFA": "not reported; UVFA-FARM: 2.17M"}
+PAPER_PARAMS = {"babyai": {"UVFA": "2.09M", "UVFA-FARM": "2.17M", "MVFA": "not reported; UVFA-FARM: 2.17M"},
+                "fruitbot": {"UVFA": "1.96M", "UVFA-FARM": "2.15M", "MVFA": "not reported; UVFA-FARM: 2.15M"}}
+
+
+def replay_bytes(args: Args) -> int:
+    """Memory replay takes per seed (Fruitbot: one 64x64x3 uint8 frame per step dominates)."""
+    obs = int(np.prod(fruitbot.IMAGE_SHAPE if args.env == "fruitbot" else (5, 5, 3)))
+    return args.replay_size * args.sequence_length * (obs + 4 * (fruitbot.TASK_DIM + 3) + 2)
+
+
+def check_memory(args: Args) -> None:
+    """Refuse a replay that cannot fit this machine's memory (CPU) before allocating it."""
+    if jax.default_backend() != "cpu":
+        return
+    need = replay_bytes(args) * args.num_seeds
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    require(need < 0.8 * have, f"replay of {args.replay_size:,} sequences x {args.num_seeds} seed(s) needs "
+                               f"{need / 2**30:.1f} GiB, more than this machine's {have / 2**30:.1f} GiB allow: lower "
+                               f"--replay-size (and --min-replay-size)")
 
 
 def method_name(args: Args) -> str:
@@ -217,20 +289,21 @@ class UVFANetwork(eqx.Module):
     def __init__(self, args: Args, task_dim: int, key):
         k_core, k_head = jax.random.split(key)
         self.modular = args.modular
+        num_actions, torso = env_module(args).NUM_ACTIONS, TORSOS[args.env]
         if args.farm or args.modular:
             n, d = args.num_modules, args.module_size
-            self.core = FarmCore(NUM_ACTIONS, n, d, args.attention_heads, args.projection_dim, k_core)
+            self.core = FarmCore(num_actions, n, d, args.attention_heads, args.projection_dim, k_core, torso=torso)
             state_size = n * d
         else:
-            self.core = LSTMCore(NUM_ACTIONS, args.lstm_size, k_core)
+            self.core = LSTMCore(num_actions, args.lstm_size, k_core, torso=torso)
             state_size = args.lstm_size
         if args.modular:
             per_module = task_dim // args.num_modules
             self.head = eqx.filter_vmap(lambda k: DuellingMLP(args.module_size + per_module, args.q_hidden,
-                                                              NUM_ACTIONS, k))(
+                                                              num_actions, k))(
                 jax.random.split(k_head, args.num_modules))
         else:
-            self.head = DuellingMLP(state_size + task_dim, args.q_hidden, NUM_ACTIONS, k_head)
+            self.head = DuellingMLP(state_size + task_dim, args.q_hidden, num_actions, k_head)
 
     def module_q(self, h, w):
         """MVFA: Q^k(s^k, a, w^k) [n, A], module k reading its state and its slice of w."""
@@ -252,13 +325,15 @@ def q_values(net, h, w):
 # Replay items and the recurrent unroll
 # =====================================================================================================================
 class Step(NamedTuple):
-    obs: jax.Array  # uint8 [5, 5, 3], the symbolic view (rendered to RGB by the network's caller)
+    obs: jax.Array  # uint8: BabyAI's symbolic view [5, 5, 3] (rendered to RGB by the network's caller), or Fruitbot's
+    #                 frame [64, 64, 3]
     w: jax.Array  # float32 [C], the task as the agent sees it
     prev_action: jax.Array  # int32
     prev_reward: jax.Array  # float32
     first: jax.Array  # bool: obs starts an episode (the recurrent state is reset before it)
     action: jax.Array  # int32, taken at obs
     reward: jax.Array  # float32, received for action
+    terminal: jax.Array  # bool: action ended the episode by termination (Fruitbot: a barrier or the last level)
 
 
 class Sequence(NamedTuple):
@@ -276,14 +351,15 @@ def reset_where(first, state, initial):
 
 def core_step(core, rgb, prev_action, prev_reward, state):
     """One step of the recurrent core on one observation."""
-    return core.recur(core.torso(rgb), oar_vector(prev_action, prev_reward, NUM_ACTIONS), state)
+    return core.recur(core.torso(rgb), oar_vector(prev_action, prev_reward, core.num_actions), state)
 
 
 def unroll(core, render, seq: Sequence):
     """The recurrent states (h, c) [T, ...] along a sequence, resetting at episode starts (the torso runs outside
     the scan)."""
     maps = jax.vmap(lambda o: core.torso(render(o)))(seq.steps.obs)
-    vectors = jax.vmap(partial(oar_vector, num_actions=NUM_ACTIONS))(seq.steps.prev_action, seq.steps.prev_reward)
+    vectors = jax.vmap(partial(oar_vector, num_actions=core.num_actions))(seq.steps.prev_action,
+                                                                          seq.steps.prev_reward)
 
     def step(state, x):
         image_map, vector, first = x
@@ -297,33 +373,33 @@ def unroll(core, render, seq: Sequence):
 # =====================================================================================================================
 # n-step targets, priorities and the n-step double Q-learning loss
 # =====================================================================================================================
-def n_step_targets(rewards, values, continues, n: int, gamma: float, terminal_at_end: bool = False):
+def n_step_targets(rewards, values, continues, n: int, gamma: float, terminal_at_end=False):
     """Truncated n-step targets for the T-1 transitions of a sequence of T steps.
 
     rewards [T-1, ...]: reward (or cumulant) of transition t (step t -> t+1).
     values [T, ...]: bootstrap value of each step.
     continues [T-1]: step t+1 is in the same episode as step t.
+    terminal_at_end: bool, or bool [T-1]: where transition t ends its episode, whether by termination.
     G_t = sum_{i<m} gamma^i rewards[t+i] + gamma^m values[t+m], with m = min(n, the steps left in t's episode
-    within the sequence). Transition t is valid if m >= 1; the last transition of an episode (its next observation
-    was never seen: the time limit is a truncation) has m = 0 and is masked. Returns (targets, valid).
-    terminal_at_end (the original's "time limit = termination"): the episode's last transition counts too, and a
-    return that reaches the episode's end sums its rewards up to and including that transition and bootstraps
-    nothing; every transition is valid.
+    within the sequence). An episode that ends by truncation (a time limit) never saw its next observation: its last
+    transition has m = 0 and is masked. One that ends by termination (Fruitbot's barriers and last level; every end
+    with --time-limit-is-termination, the original's) learns its last transition too: a return reaching that end
+    sums the rewards up to and including it and bootstraps nothing. Returns (targets, valid).
     """
     num = rewards.shape[0]
     extra = (None,) * (rewards.ndim - 1)
     pad = lambda x: jnp.concatenate([x, jnp.zeros((n,) + x.shape[1:], x.dtype)])  # noqa: E731
-    rewards_p, continues_p = pad(rewards), pad(continues.astype(bool))
+    terminal = jnp.broadcast_to(jnp.asarray(terminal_at_end, bool), (num,))
+    rewards_p, continues_p, terminal_p = pad(rewards), pad(continues.astype(bool)), pad(terminal)
     t = jnp.arange(num)
     total = jnp.zeros_like(rewards)
     discount = jnp.ones(num, rewards.dtype)
     boot = t
     alive = jnp.ones(num, bool)  # transition t + i belongs to t's episode
-    ended = jnp.zeros(num, bool)  # the return reached the episode's end (terminal_at_end only)
+    ended = jnp.zeros(num, bool)  # the return reached its episode's terminal end
     for i in range(n):
-        counted = alive & (t + i < num)
-        if not terminal_at_end:  # a transition counts only if its next observation was seen
-            counted = counted & continues_p[t + i]
+        # a transition counts if its next observation was seen, or if it ended the episode by termination
+        counted = alive & (t + i < num) & (continues_p[t + i] | terminal_p[t + i])
         total = total + jnp.where(counted, discount, 0.0)[(...,) + extra] * rewards_p[t + i]
         discount = jnp.where(counted, discount * gamma, discount)
         boot = jnp.where(counted, t + i + 1, boot)
@@ -331,6 +407,29 @@ def n_step_targets(rewards, values, continues, n: int, gamma: float, terminal_at
         alive = counted & continues_p[t + i]
     bootstrap = jnp.where(ended, 0.0, discount)[(...,) + extra] * values[boot]
     return total + bootstrap, boot > t
+
+
+def terminal_transitions(seq: Sequence, args: Args):
+    """bool [T-1]: transition t ends its episode by termination (with --time-limit-is-termination, every end)."""
+    return seq.steps.terminal[:-1] | args.time_limit_is_termination
+
+
+def signed_hyperbolic(x, eps: float = 1e-3):
+    """h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x: squashes large returns (Pohlen et al., 2018; rlax's pair)."""
+    return jnp.sign(x) * (jnp.sqrt(jnp.abs(x) + 1) - 1) + eps * x
+
+
+def signed_parabolic(x, eps: float = 1e-3):
+    """The inverse of signed_hyperbolic."""
+    z = jnp.sqrt(1 + 4 * eps * (eps + 1 + jnp.abs(x)))
+    return jnp.sign(x) * (((z - 1) / (2 * eps)) ** 2 - 1)
+
+
+def value_transform_pair(args: Args):
+    """(h, h^-1) of the targets: G = h(n-step return of the rewards, bootstrapping from h^-1(Q_target))."""
+    if args.value_transform == "signed_hyperbolic":
+        return signed_hyperbolic, signed_parabolic
+    return (lambda x: x), (lambda x: x)
 
 
 def double_q_bootstrap(q_online, values_target):
@@ -368,8 +467,10 @@ def sequence_loss(net: UVFANetwork, target_net: UVFANetwork, render, seq: Sequen
     q = jax.vmap(net.q)(h, s.w)  # [T, A]
     q_target = jax.vmap(target_net.q)(h_target, s.w)
     steps, taken = jnp.arange(q.shape[0] - 1), s.action[:-1]
-    targets, valid = n_step_targets(s.reward[:-1], double_q_bootstrap(q, q_target), ~s.first[1:], args.n_step,
-                                    args.gamma, args.time_limit_is_termination)
+    h_fn, h_inv = value_transform_pair(args)
+    targets, valid = n_step_targets(s.reward[:-1], h_inv(double_q_bootstrap(q, q_target)), ~s.first[1:],
+                                    args.n_step, args.gamma, terminal_transitions(seq, args))
+    targets = h_fn(targets)
     if step_mask is not None:
         valid = valid & step_mask
     delta = jax.lax.stop_gradient(targets) - q[steps, taken]
@@ -393,8 +494,8 @@ def batch_loss(net: UVFANetwork, target_net: UVFANetwork, render, batch: Sequenc
 # =====================================================================================================================
 class Actor(NamedTuple):
     """Per-env acting state."""
-    env_state: object
-    obs: object
+    env_state: object  # BabyAI: the JAX env's state; Fruitbot: the seed's index (its envs live on the host)
+    obs: Observation  # (image, w)
     prev_action: jax.Array
     prev_reward: jax.Array
     first: jax.Array
@@ -416,8 +517,9 @@ class TrainState(NamedTuple):
 
 class Setup(NamedTuple):
     """Everything static a run needs, built once from Args."""
-    env: GotoAvoid
-    env_params: object
+    env: GotoAvoid | list  # BabyAI: the JAX env; Fruitbot: one common.fruitbot.Fruitbot per seed (host envs)
+    env_params: object  # BabyAI's EnvParams (None on Fruitbot)
+    render: object  # stored observation -> RGB (BabyAI renders its symbolic view; Fruitbot stores frames)
     static: object  # the network's non-array parts (eqx.partition)
     optimizer: optax.GradientTransformation
     buffer: object  # flashbax prioritised item buffer of Sequences
@@ -425,11 +527,24 @@ class Setup(NamedTuple):
 
 
 def make_network(args: Args, key) -> UVFANetwork:
-    return UVFANetwork(args, TRAIN_TASKS.shape[1], key)
+    return UVFANetwork(args, env_module(args).TRAIN_TASKS.shape[1], key)
 
 
-def make_setup(args: Args) -> Setup:
-    env = GotoAvoid(obs_mode="symbolic", truncate_task_input=args.truncate_task_input)
+def make_fruitbot(args: Args, num_envs: int, seed: int, tasks=fruitbot.TRAIN_TASKS, num_levels: int | None = None,
+                  task_of_env=None) -> fruitbot.Fruitbot:
+    return fruitbot.Fruitbot(num_envs, tasks, seed=seed, distribution_mode=args.distribution_mode,
+                             num_levels=args.train_levels if num_levels is None else num_levels,
+                             max_levels=args.max_levels, task_of_env=task_of_env)
+
+
+def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
+    """seeds: whose Fruitbot training envs to build (none: a setup for the network, loss and evaluation only)."""
+    if args.env == "fruitbot":
+        env, env_params, render = [make_fruitbot(args, args.num_envs, seed) for seed in seeds or []], None, (
+            lambda image: image)
+    else:
+        env = GotoAvoid(obs_mode="symbolic", truncate_task_input=args.truncate_task_input)
+        env_params, render = make_params(babyai.TRAIN_TASKS), env.rgb_from_symbolic
     _, static = eqx.partition(make_network(args, jax.random.PRNGKey(0)), eqx.is_inexact_array)
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm),
                             optax.adam(args.learning_rate, eps=args.adam_eps))
@@ -439,22 +554,33 @@ def make_setup(args: Args) -> Setup:
         device="cpu" if jax.default_backend() == "cpu" else "gpu")
     lo, hi = args.epsilon_exponents
     epsilons = jnp.logspace(lo, hi, args.num_epsilons, base=args.epsilon_base)
-    return Setup(env, make_params(TRAIN_TASKS), static, optimizer, buffer, epsilons)
+    return Setup(env, env_params, render, static, optimizer, buffer, epsilons)
 
 
-def init_train_state(setup: Setup, args: Args, key) -> TrainState:
+def fresh_actors(setup: Setup, args: Args, k_env, k_eps, seed_index: int = 0) -> Actor:
+    """Every env of one seed at the start of a new episode. BabyAI resets in JAX (jittable); Fruitbot resets the
+    seed's host envs (at the start of a run, and on resume: host envs are not in the checkpoint)."""
+    e = args.num_envs
+    if args.env == "fruitbot":
+        reset = setup.env[seed_index].reset()
+        obs, env_state = Observation(jnp.asarray(reset["image"]), jnp.asarray(reset["w"])), jnp.int32(seed_index)
+    else:
+        obs, env_state = jax.vmap(setup.env.reset, (0, None))(jax.random.split(k_env, e), setup.env_params)
+    shape = (args.num_modules, args.module_size) if args.farm or args.modular else (args.lstm_size,)
+    initial = (jnp.zeros(shape),) * 2  # the core's initial (h, c)
+    return Actor(env_state=env_state, obs=obs, prev_action=jnp.zeros(e, jnp.int32), prev_reward=jnp.zeros(e),
+                 first=jnp.ones(e, bool), rnn=jax.tree.map(lambda x: jnp.broadcast_to(x, (e,) + x.shape), initial),
+                 epsilon=jax.random.choice(k_eps, setup.epsilons, (e,)), episode_return=jnp.zeros(e))
+
+
+def init_train_state(setup: Setup, args: Args, key, actors: Actor | None = None) -> TrainState:
+    """A new run's state; actors: the envs' start (needed on Fruitbot, whose envs reset on the host)."""
     k_net, k_target, k_env, k_eps, k_run = jax.random.split(key, 5)
     params, _ = eqx.partition(make_network(args, k_net), eqx.is_inexact_array)
     # as in the original, the target network starts from its own random init until the first copy
     target_params, _ = eqx.partition(make_network(args, k_target), eqx.is_inexact_array)
-    obs, env_state = jax.vmap(setup.env.reset, (0, None))(jax.random.split(k_env, args.num_envs), setup.env_params)
-    net = eqx.combine(params, setup.static)
-    e = args.num_envs
-    actors = Actor(
-        env_state=env_state, obs=obs, prev_action=jnp.zeros(e, jnp.int32), prev_reward=jnp.zeros(e),
-        first=jnp.ones(e, bool),
-        rnn=jax.tree.map(lambda x: jnp.broadcast_to(x, (e,) + x.shape), net.core.initial_state()),
-        epsilon=jax.random.choice(k_eps, setup.epsilons, (e,)), episode_return=jnp.zeros(e))
+    if actors is None:
+        actors = fresh_actors(setup, args, k_env, k_eps)
     example = jax.tree.map(lambda x: x[0], make_sequences(
         jax.tree.map(lambda x: jnp.zeros((args.sequence_period,) + x.shape, x.dtype), current_step(actors)),
         actors, actors.rnn))
@@ -468,7 +594,8 @@ def init_train_state(setup: Setup, args: Args, key) -> TrainState:
 def current_step(actors: Actor) -> Step:
     """The step every env is at now, before it acts (action and reward are placeholders)."""
     return Step(obs=actors.obs.image, w=actors.obs.w, prev_action=actors.prev_action, prev_reward=actors.prev_reward,
-                first=actors.first, action=actors.prev_action, reward=actors.prev_reward)
+                first=actors.first, action=actors.prev_action, reward=actors.prev_reward,
+                terminal=jnp.zeros_like(actors.first))
 
 
 def make_sequences(steps: Step, actors: Actor, start_rnn) -> Sequence:
@@ -479,28 +606,48 @@ def make_sequences(steps: Step, actors: Actor, start_rnn) -> Sequence:
     return Sequence(steps=jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), state=start_rnn)
 
 
+def fruitbot_step(setup: Setup, args: Args, seed_index, action):
+    """Step one seed's host Fruitbot envs from inside the jitted program (jax.experimental.io_callback). Under the
+    seed vmap JAX runs the callback once per seed, in turn; the actions of step t+1 depend on its frames, so the
+    calls of one seed stay in order."""
+    e, c = args.num_envs, fruitbot.TASK_DIM
+
+    def host(seed_index, action):
+        obs, reward, terminated, truncated, _ = setup.env[int(seed_index)].step(np.asarray(action))
+        return obs["image"], obs["w"], reward, terminated, truncated
+
+    shapes = (jax.ShapeDtypeStruct((e,) + fruitbot.IMAGE_SHAPE, jnp.uint8), jax.ShapeDtypeStruct((e, c), jnp.float32),
+              jax.ShapeDtypeStruct((e,), jnp.float32), jax.ShapeDtypeStruct((e,), jnp.bool_),
+              jax.ShapeDtypeStruct((e,), jnp.bool_))
+    return io_callback(host, shapes, seed_index, action)
+
+
 def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     """One env step in every env: epsilon-greedy on Q(s, a, w) for the training task w."""
     net = eqx.combine(params, setup.static)
-    env = setup.env
     k_explore, k_action, k_env, k_eps = jax.random.split(key, 4)
     e = args.num_envs
     rnn = reset_where(actors.first, actors.rnn, net.core.initial_state())
-    rnn = jax.vmap(partial(core_step, net.core))(jax.vmap(env.rgb_from_symbolic)(actors.obs.image),
+    rnn = jax.vmap(partial(core_step, net.core))(jax.vmap(setup.render)(actors.obs.image),
                                                  actors.prev_action, actors.prev_reward, rnn)
     q = jax.vmap(partial(q_values, net))(rnn[0], actors.obs.w)
     explore = jax.random.uniform(k_explore, (e,)) < actors.epsilon
-    action = jnp.where(explore, jax.random.randint(k_action, (e,), 0, NUM_ACTIONS), jnp.argmax(q, -1))
-    obs, env_state, reward, _, truncated, _ = jax.vmap(env.step, (0, 0, 0, None))(
-        jax.random.split(k_env, e), actors.env_state, action, setup.env_params)
-    step = current_step(actors)._replace(action=action, reward=reward)
+    action = jnp.where(explore, jax.random.randint(k_action, (e,), 0, net.core.num_actions), jnp.argmax(q, -1))
+    if args.env == "fruitbot":
+        image, w, reward, terminated, truncated = fruitbot_step(setup, args, actors.env_state, action)
+        obs, env_state = Observation(image, w), actors.env_state
+    else:  # BabyAI's episodes end by their time limit only
+        obs, env_state, reward, terminated, truncated, _ = jax.vmap(setup.env.step, (0, 0, 0, None))(
+            jax.random.split(k_env, e), actors.env_state, action, setup.env_params)
+    done = terminated | truncated
+    step = current_step(actors)._replace(action=action, reward=reward, terminal=terminated)
     episode_return = actors.episode_return + reward
-    finished = {"done": truncated, "return": episode_return, "task": jnp.argmax(actors.obs.w, -1)}
+    finished = {"done": done, "return": episode_return, "task": jnp.argmax(actors.obs.w, -1)}
     actors = Actor(
-        env_state=env_state, obs=obs, prev_action=jnp.where(truncated, 0, action),
-        prev_reward=jnp.where(truncated, 0.0, reward), first=truncated, rnn=rnn,
-        epsilon=jnp.where(truncated, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),
-        episode_return=jnp.where(truncated, 0.0, episode_return))
+        env_state=env_state, obs=obs, prev_action=jnp.where(done, 0, action),
+        prev_reward=jnp.where(done, 0.0, reward), first=done, rnn=rnn,
+        epsilon=jnp.where(done, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),
+        episode_return=jnp.where(done, 0.0, episode_return))
     return actors, (step, finished)
 
 
@@ -510,7 +657,7 @@ def sgd_step(setup: Setup, args: Args, state: TrainState, key):
     target_net = eqx.combine(state.target_params, setup.static)
 
     def loss_fn(params):
-        return batch_loss(eqx.combine(params, setup.static), target_net, setup.env.rgb_from_symbolic,
+        return batch_loss(eqx.combine(params, setup.static), target_net, setup.render,
                           sample.experience, sample.probabilities, args)
 
     grads, (priorities, metrics) = jax.grad(loss_fn, has_aux=True)(state.params)
@@ -545,7 +692,7 @@ def train_iteration(setup: Setup, args: Args, state: TrainState, _):
 
     state, metrics = jax.lax.cond(setup.buffer.can_sample(state.buffer), learn, wait, state)
     done = finished["done"]
-    one_hot = jax.nn.one_hot(finished["task"], TRAIN_TASKS.shape[0]) * done[..., None]
+    one_hot = jax.nn.one_hot(finished["task"], env_module(args).TRAIN_TASKS.shape[0]) * done[..., None]
     metrics["return_sum"] = jnp.sum(one_hot * finished["return"][..., None], axis=(0, 1))
     metrics["return_count"] = jnp.sum(one_hot, axis=(0, 1))
     metrics["epsilon"] = jnp.mean(actors.epsilon)
@@ -564,13 +711,22 @@ def make_train_chunk(setup: Setup, args: Args, iterations: int):
 # =====================================================================================================================
 GPI_SETTINGS = (0,)
 """eval.csv's gpi column: 0, acting on Q(s, a, w_test)"""
-EVAL_TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])
-TRAIN_TASK_NAMES = [format_task(w) for w in TRAIN_TASKS]
+EVAL_TASKS = np.concatenate([babyai.TRAIN_TASKS, babyai.TEST_TASKS])
+TRAIN_TASK_NAMES = [format_task(w) for w in babyai.TRAIN_TASKS]
 
 
-def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
-    """A jitted evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params, on the train
-    and test tasks (or any task vectors: results/evaluate.py)."""
+def eval_tasks(args: Args) -> np.ndarray:
+    """The env's train tasks, then its test tasks."""
+    return np.concatenate([env_module(args).TRAIN_TASKS, env_module(args).TEST_TASKS])
+
+
+def make_evaluate(setup: Setup, args: Args, tasks=None):
+    """evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params, on the train and test
+    tasks (or any task vectors: results/evaluate.py). BabyAI: one jitted program; Fruitbot: greedy lifetimes on
+    unrestricted levels, the network acting for all (task, episode) envs at once, the envs on the host."""
+    tasks = eval_tasks(args) if tasks is None else tasks
+    if args.env == "fruitbot":
+        return make_fruitbot_evaluate(setup, args, tasks)
     env = setup.env
 
     def episode_return(params, key, w):
@@ -601,16 +757,49 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
     return evaluate
 
 
-def eval_rows(evaluate, params, seeds: list[int], step: int) -> list[dict]:
+def make_fruitbot_evaluate(setup: Setup, args: Args, tasks):
+    tasks = np.asarray(tasks, np.float32)
+
+    @jax.jit
+    def act(params, image, w, prev_action, prev_reward, first, rnn):
+        net = eqx.combine(params, setup.static)
+        rnn = reset_where(first, rnn, net.core.initial_state())
+        rnn = jax.vmap(partial(core_step, net.core))(image, prev_action, prev_reward, rnn)
+        return jnp.argmax(jax.vmap(partial(q_values, net))(rnn[0], w), -1), rnn
+
+    def evaluate(params, key):
+        seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
+        n = len(tasks) * args.eval_episodes
+        env = make_fruitbot(args, n, seed, tasks, num_levels=0,
+                            task_of_env=np.repeat(np.arange(len(tasks)), args.eval_episodes))
+        obs = env.reset()
+        rnn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape),
+                           eqx.combine(params, setup.static).core.initial_state())
+        prev_action, prev_reward, first = np.zeros(n, np.int32), np.zeros(n, np.float32), np.ones(n, bool)
+        returns, running = np.zeros(n, np.float32), np.ones(n, bool)
+        while running.any():
+            action, rnn = act(params, obs["image"], obs["w"], prev_action, prev_reward, first, rnn)
+            obs, reward, terminated, truncated, _ = env.step(np.asarray(action))
+            returns += np.where(running, reward, 0.0)
+            done = terminated | truncated
+            running &= ~done
+            prev_action, prev_reward, first = np.where(done, 0, action), np.where(done, 0.0, reward), done
+        return returns.reshape(1, len(tasks), args.eval_episodes)
+
+    return evaluate
+
+
+def eval_rows(evaluate, params, seeds: list[int], step: int, args: Args) -> list[dict]:
     """eval.csv rows of every seed: mean and std of the greedy return per task and GPI setting."""
     eval_key = jax.random.PRNGKey(10_000 + step)
+    tasks, num_train = eval_tasks(args), len(env_module(args).TRAIN_TASKS)
     rows = []
     for i, seed in enumerate(seeds):
         returns = np.asarray(evaluate(jax.tree.map(lambda x: x[i], params), jax.random.fold_in(eval_key, seed)))
         for g_index, g in enumerate(GPI_SETTINGS):
-            for t, w in enumerate(EVAL_TASKS):
+            for t, w in enumerate(tasks):
                 r = returns[g_index, t]
-                rows.append({"step": step, "seed": seed, "split": "train" if t < len(TRAIN_TASKS) else "test",
+                rows.append({"step": step, "seed": seed, "split": "train" if t < num_train else "test",
                              "task": format_task(w), "gpi": g, "episodes": len(r), "return_mean": float(r.mean()),
                              "return_std": float(r.std())})
     return rows
@@ -622,19 +811,35 @@ def eval_rows(evaluate, params, seeds: list[int], step: int) -> list[dict]:
 @exit_on_config_error
 def main(args: Args) -> None:
     check_args(args)
+    if args.env == "fruitbot":
+        check_memory(args)
     per_iteration = steps_per_iteration(args)
     total_iterations = -(-args.total_timesteps // per_iteration)  # at least --total-timesteps
     total_steps = total_iterations * per_iteration
     run = RunDir(args, method_name(args), total_steps)  # refuses a used, missing or unwritable directory
-    setup = make_setup(args)
     seeds = [args.seed + i for i in range(args.num_seeds)]
-    state = jax.vmap(lambda k: init_train_state(setup, args, k))(jnp.stack([jax.random.PRNGKey(s) for s in seeds]))
+    setup = make_setup(args, seeds)
+    keys = jnp.stack([jax.random.PRNGKey(s) for s in seeds])
+
+    def host_actors():  # Fruitbot's envs reset on the host, one seed at a time
+        return jax.tree.map(lambda *xs: jnp.stack(xs), *[
+            fresh_actors(setup, args, *jax.random.split(jax.random.fold_in(k, 1)), seed_index=i)
+            for i, k in enumerate(keys)])
+
+    if args.env == "fruitbot":
+        # jitted, so that the replay of frames (tens of GB at the paper's size) is allocated once
+        state = jax.jit(jax.vmap(lambda k, a: init_train_state(setup, args, k, a)))(keys, host_actors())
+    else:
+        state = jax.vmap(lambda k: init_train_state(setup, args, k))(keys)
     num_params = count_params(eqx.combine(jax.tree.map(lambda x: x[0], state.params), setup.static))
-    paper = PAPER_PARAMS[method_name(args)]
+    paper = PAPER_PARAMS[args.env][method_name(args)]
     print(f"{method_name(args)} network: {num_params:,} parameters (paper: {paper})", flush=True)
     if args.resume:
         state, _ = run.restore(state)
-    state = shard_seeds(state, args.num_seeds)  # seeds in parallel over the local devices, if there are several
+        if args.env == "fruitbot":
+            state = state._replace(actors=host_actors())  # the host envs start new episodes (not in the checkpoint)
+    if args.env == "babyai":
+        state = shard_seeds(state, args.num_seeds)  # seeds in parallel over the local devices, if there are several
     run.write_config({"method": method_name(args), "num_params": num_params,
                       "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
     chunk_iterations = max(1, args.log_every // per_iteration)
@@ -647,7 +852,8 @@ def main(args: Args) -> None:
     iteration = run.start_step // per_iteration
     next_eval = (iteration // eval_every_iterations + 1) * eval_every_iterations
     start_time, start_iteration = time.time(), iteration
-    with StopSignals() as signals, run.open_logs(metric_fields(LOSS_NAMES, TRAIN_TASK_NAMES)) as logs:
+    train_task_names = [format_task(w) for w in env_module(args).TRAIN_TASKS]
+    with StopSignals() as signals, run.open_logs(metric_fields(LOSS_NAMES, train_task_names)) as logs:
         while iteration < total_iterations:
             chunk_start = time.time()
             state, metrics = train_chunk(state)
@@ -655,14 +861,14 @@ def main(args: Args) -> None:
             iteration += chunk_iterations
             step = iteration * per_iteration
             sps = chunk_iterations * per_iteration / (time.time() - chunk_start)
-            rows = metric_rows(metrics, state.sgd_steps, seeds, step, sps, LOSS_NAMES, TRAIN_TASK_NAMES)
+            rows = metric_rows(metrics, state.sgd_steps, seeds, step, sps, LOSS_NAMES, train_task_names)
             logs.write_metrics(rows)
             require_finite(rows, LOSS_NAMES, run)  # stops on NaN/inf, keeping the last good checkpoint
             eta = (time.time() - start_time) / (iteration - start_iteration) * (total_iterations - iteration)
             print(progress_line(rows, total_steps, eta), flush=True)
             last = iteration >= total_iterations or run.out_of_time()
             if iteration >= next_eval or last:
-                rows = eval_rows(evaluate, state.params, seeds, step)
+                rows = eval_rows(evaluate, state.params, seeds, step, args)
                 logs.write_eval(rows)
                 print(eval_line(rows), flush=True)
                 next_eval += eval_every_iterations

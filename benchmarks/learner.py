@@ -89,6 +89,7 @@ def random_batch(script, args, key):
         reward=jax.random.normal(k[3], (b, t)),
         phi=jnp.zeros((b, t, 4)),
         final_obs=jnp.zeros((b, t, 0), jnp.uint8),  # replay keeps no final view under the default settings
+        terminal=jnp.zeros((b, t), bool),
     )
     initial = script.make_network(args, jax.random.PRNGKey(0)).core.initial_state()
     return script.Sequence(steps=script.Step(**{f: fields[f] for f in script.Step._fields}),

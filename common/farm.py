@@ -105,10 +105,12 @@ class FarmCore(eqx.Module):
 
     torso: DQNTorso | ImpalaTorso
     farm: FARM
+    num_actions: int = eqx.field(static=True)  # the size of the one-hot previous action it reads
 
     def __init__(self, num_actions: int, num_modules: int, module_size: int, num_heads: int, projection: int, key,
                  torso: str = "dqn"):
         k_torso, k_farm = jax.random.split(key)
+        self.num_actions = num_actions
         torso_class, (height, width, channels) = TORSOS[torso]
         self.torso = torso_class(k_torso)
         self.farm = FARM(num_modules, module_size, num_heads, channels=channels, num_pixels=height * width,

@@ -192,10 +192,12 @@ class LSTMCore(eqx.Module):
 
     torso: DQNTorso | ImpalaTorso
     lstm: LSTMCell
+    num_actions: int = eqx.field(static=True)  # the size of the one-hot previous action it reads
     flat: eqx.nn.Linear | None = None
 
     def __init__(self, num_actions: int, hidden_size: int, key, torso: str = "dqn", flat_size: int = 256):
         k_torso, k_lstm, k_flat = jax.random.split(key, 3)
+        self.num_actions = num_actions
         torso_class, map_shape = TORSOS[torso]
         self.torso = torso_class(k_torso)
         features = math.prod(map_shape)

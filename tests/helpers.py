@@ -51,6 +51,7 @@ def random_sequence(script, key, length: int, state, episode_end=None, pickups: 
         reward=jax.random.normal(k[4], (length,)),
         phi=phi,
         final_obs=jax.random.randint(k[0], (length, 5, 5, 3), 0, 7).astype(jnp.uint8)[::-1],
+        terminal=jnp.zeros(length, bool),  # BabyAI's episodes end by their time limit (a truncation)
     )
     steps = script.Step(**{name: fields[name] for name in script.Step._fields})
     return script.Sequence(steps=steps, state=state)

@@ -201,7 +201,7 @@ def test_priority_from_q_adds_the_q_td_error_priority(variant):
     seq = random_sequence(script, jax.random.PRNGKey(3), args.sequence_length, net.core.initial_state(), 4, True)
     off = script.sequence_loss(net, target, RENDER, seq, args)["priority"]
     on = script.sequence_loss(net, target, RENDER, seq, dataclasses.replace(args, priority_from_q=True))["priority"]
-    _, psi, psi_target = script.successor_features(net, target, RENDER, seq)
+    psi, psi_target = script.successor_features(net, target, RENDER, seq)[-2:]
     q, q_target = (jnp.einsum("tac,tc->ta", x, seq.steps.w) for x in (psi, psi_target))
     targets, valid = script.n_step_targets(seq.steps.reward[:-1], script.double_q_bootstrap(q, q_target),
                                            ~seq.steps.first[1:], args.n_step, args.gamma)
