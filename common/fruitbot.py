@@ -44,7 +44,6 @@ FIRE = 9
 TASK_DIM = 4
 IMAGE_SHAPE = (64, 64, 3)
 MAX_LEVELS = 4
-LEVEL_TIMEOUT = 1000  # procgen's per-level time limit; the env reads each level's own from the game state
 DISTRIBUTION_MODES = ("hard", "easy")
 TRAIN_LEVELS = 200  # training levels come from level seeds 0..199; evaluation levels are unrestricted
 
