@@ -122,7 +122,7 @@ def neutralised(state: bytes) -> bytes:
 
 def category_cumulants(collected: np.ndarray) -> np.ndarray:
     """phi [..., 4] from per-type counts collected [..., 12]."""
-    return np.stack([collected[..., TYPE_CATEGORY == k].sum(-1) for k in range(TASK_DIM)], -1).astype(np.float32)
+    return (collected @ np.eye(TASK_DIM, dtype=np.int64)[TYPE_CATEGORY]).astype(np.float32)
 
 
 def format_task(w) -> str:
@@ -151,12 +151,13 @@ class Fruitbot:
         require(distribution_mode in DISTRIBUTION_MODES,
                 f"distribution_mode must be one of {DISTRIBUTION_MODES}, got {distribution_mode!r}")
         require(max_levels > 0, f"max_levels must be positive, got {max_levels}")
+        require(cache_every is None or cache_every > 0, f"cache_every must be positive, got {cache_every}")
         require(num_levels >= 0, f"num_levels must be non-negative (0: unrestricted), got {num_levels}")
         self.num_envs, self.tasks, self.max_levels = num_envs, tasks, max_levels
         self.distribution_mode, self.final_view = distribution_mode, final_view
         # replays run from the last state read: read one at least every cache_every steps to keep them short (they
         # run at every level end when the final view is asked for, otherwise about once in 200 level ends)
-        self.cache_every = cache_every or (8 if final_view else 64)
+        self.cache_every = cache_every or (8 if final_view else 256)
         options = dict(env_name="fruitbot", distribution_mode=distribution_mode, num_levels=num_levels,
                        start_level=start_level, num_threads=num_threads)
         self.game = ProcgenGym3Env(num=num_envs, rand_seed=seed, **options)
@@ -168,6 +169,8 @@ class Fruitbot:
         require(self.task_of_env is None or self.task_of_env.shape == (num_envs,),
                 f"task_of_env must name one task per env ({num_envs}), got shape {np.shape(task_of_env)}")
         self.stats = {"steps": 0, "state_reads": 0, "replays": 0}
+        self.no_final_image = np.zeros((num_envs,) + IMAGE_SHAPE, np.uint8)  # info["final_image"] without final_view
+        self.no_final_image.flags.writeable = False
 
     # -- serialized state ---------------------------------------------------------------------------------------------
     def get_state(self, env, i: int) -> bytes:
@@ -176,9 +179,9 @@ class Fruitbot:
         return bytes(env._ffi.buffer(self.buffer, n))
 
     def _cache(self, i: int):
-        """Remember env i's state now: the counts to diff against, and the actions taken since (for replays)."""
+        """Remember env i's state now: the counts to diff against, and where its log of actions since restarts."""
         state = self.get_state(self.game, i)
-        self.state[i], self.counts[i], self.actions_since[i] = state, type_counts(state), []
+        self.state[i], self.counts[i], self.since[i] = state, type_counts(state), 0
         layout = StateLayout(state)
         # the step count at which this level times out, counted from now
         self.steps_left[i] = layout.step_field(state, TIMEOUT_FIELD) - layout.step_field(state, CUR_TIME_FIELD)
@@ -188,28 +191,30 @@ class Fruitbot:
         self.stats["replays"] += 1
         state = neutralised(self.state[i])
         self.scratch.call_c_func("set_state", 0, state, len(state))
-        for a in self.actions_since[i] + [action]:
+        for a in [*self.log[i, : self.since[i]], action]:
             self.scratch.act(np.array([a], np.int32))
         after = self.get_state(self.scratch, 0)
         return type_counts(after), self.scratch.observe()[1]["rgb"][0]
 
     # -- gym-like interface -------------------------------------------------------------------------------------------
-    def _draw_tasks(self):
+    def _draw_tasks(self, envs):
+        """Tasks for the episodes starting in `envs` (an index array)."""
         if self.task_of_env is not None:
-            return self.tasks[self.task_of_env]
-        return self.tasks[self.rng.integers(len(self.tasks), size=self.num_envs)]
+            return self.tasks[self.task_of_env[envs]]
+        return self.tasks[self.rng.integers(len(self.tasks), size=len(envs))]
 
     def _observation(self):
         return {"image": self.game.observe()[1]["rgb"], "w": self.w.copy()}
 
     def reset(self):
         n = self.num_envs
-        self.state, self.counts, self.actions_since = [None] * n, [None] * n, [None] * n
-        self.steps_left = np.zeros(n, np.int64)
+        self.state, self.counts = [None] * n, np.zeros((n, NUM_TYPES), np.int64)
+        self.log = np.zeros((n, self.cache_every), np.int32)  # env i's actions since its cached state: log[i, :since[i]]
+        self.since, self.steps_left = np.zeros(n, np.int64), np.zeros(n, np.int64)
         self.game.act(np.full(n, -1, np.int32))  # action -1 makes procgen start every env on a fresh level
         for i in range(n):
             self._cache(i)
-        self.w = self._draw_tasks()
+        self.w = self._draw_tasks(np.arange(n))
         self.levels = np.zeros(n, np.int32)
         return self._observation()
 
@@ -223,47 +228,54 @@ class Fruitbot:
         if first.any():
             complete = np.array([info["prev_level_complete"] for info in self.game.get_info()], bool) & first
         collected = np.zeros((n, NUM_TYPES), np.int64)
-        final_image = np.zeros((n,) + IMAGE_SHAPE, np.uint8)
+        final_image = np.zeros((n,) + IMAGE_SHAPE, np.uint8) if self.final_view else self.no_final_image
         timed_out = np.zeros(n, bool)
-        for i in np.flatnonzero(first | (stock_reward != 0)):
+        read = first | (stock_reward != 0)
+        quiet = np.flatnonzero(~read)  # nothing happened: log the action for a possible replay
+        self.log[quiet, self.since[quiet]] = actions[quiet]
+        self.since[quiet] += 1
+        for i in np.flatnonzero(read).tolist():
+            reward_i = float(stock_reward[i])
             if first[i]:  # the level ended, and procgen has already reset it
-                timed_out[i] = not complete[i] and len(self.actions_since[i]) + 1 >= self.steps_left[i]
+                timed_out[i] = not complete[i] and self.since[i] + 1 >= self.steps_left[i]
                 bonus = (PRESENT_REWARD, 2 * PRESENT_REWARD) if complete[i] else (0.0,)
                 # nothing collected explains the reward exactly (but for 4 fruit and a food on one step, never seen):
                 # replay the step from the cached state only where something was, or to render the final view
-                if self.final_view or stock_reward[i] not in bonus:
-                    counts, final_image[i] = self._replay(i, int(actions[i]))
+                if self.final_view or reward_i not in bonus:
+                    counts, image = self._replay(i, int(actions[i]))
                     collected[i] = self.counts[i] - counts
+                    if self.final_view:
+                        final_image[i] = image
             else:
-                before = self.counts[i]
+                before = self.counts[i].copy()
                 self._cache(i)
                 collected[i] = before - self.counts[i]
                 bonus = (0.0,)
-            explained = collected[i] @ TYPE_STOCK_REWARD
-            if not ((collected[i] >= 0).all() and any(np.isclose(stock_reward[i], explained + b) for b in bonus)):
-                raise CumulantError(f"Fruitbot cumulants do not explain env {i}'s reward {stock_reward[i]} (collected "
+            explained = float(collected[i] @ TYPE_STOCK_REWARD)
+            if (collected[i] < 0).any() or all(abs(reward_i - explained - b) > 1e-4 for b in bonus):
+                raise CumulantError(f"Fruitbot cumulants do not explain env {i}'s reward {reward_i} (collected "
                                     f"{collected[i].tolist()}): the state layout or the replay is wrong for this "
                                     f"procgen build")
             if first[i]:
                 self._cache(i)  # the next level's first state
-        for i in np.flatnonzero(~first & (stock_reward == 0)):
-            self.actions_since[i].append(int(actions[i]))
-            if len(self.actions_since[i]) >= self.cache_every:  # keeps the replays at level ends short
-                self._cache(i)
+        for i in np.flatnonzero(self.since >= self.cache_every):  # keeps the replays at level ends short
+            self._cache(i)
         self.stats["steps"] += n
 
         phi = category_cumulants(collected)
-        reward = np.einsum("nc,nc->n", phi, self.w).astype(np.float32)
+        reward = (phi * self.w).sum(1)
         levels = self.levels + complete
         terminated = (first & ~complete & ~timed_out) | (complete & (levels >= self.max_levels))
         truncated = timed_out
         done = terminated | truncated
         info = {"phi": phi, "stock_reward": stock_reward.astype(np.float32), "level_complete": complete,
                 "levels": levels, "died": first & ~complete & ~timed_out, "timed_out": timed_out,
-                "final_image": final_image, "w": self.w.copy()}
+                "final_image": final_image, "w": self.w}
         self.levels = np.where(done, 0, levels)
-        self.w = np.where(done[:, None], self._draw_tasks(), self.w)
-        return {"image": ob["rgb"], "w": self.w.copy()}, reward, terminated, truncated, info
+        if done.any():  # a new array: the one just returned in info stays as it was
+            self.w = self.w.copy()
+            self.w[done] = self._draw_tasks(np.flatnonzero(done))
+        return {"image": ob["rgb"], "w": self.w}, reward, terminated, truncated, info
 
 
 # ---------------------------------------------------------------------------------------------------------------------
