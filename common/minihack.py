@@ -1,0 +1,255 @@
+"""MiniHack rooms as a multitask environment: the paper's train and test rooms on the real NLE, with its observation.
+
+Tasks are labels here, not reward weights: each task names a room, and the reward is the room's own (+1 on reaching
+the stairs down, 0 on death or at the time limit, no step penalty). Train tasks: Room-Monster [1,0,0] (a monster),
+Room-Trap [0,1,0] (teleportation traps), Room-Dark [0,0,1] (an unlit room); test task: Room-Ultimate [1,1,1] (all
+three). The room size is 5x5 (1 monster, 1 trap, 100 steps) or 15x15 (3 monsters, 15 traps, 300 steps).
+
+Observation. The paper's agent sees MiniHack's `pixel_crop` (the 9x9 tiles around the agent, 16 px each: 144x144x3)
+resized to 64x64x3 by `cv2.resize(..., INTER_LINEAR)`. NLE renders that crop with a Python loop over tiles (about
+half the env's speed), and a replay of 64x64x3 frames takes 12 KB per step. Here the env returns the crop as 81 tile
+indices (int16, 162 bytes per step) and `render` draws the paper's image from them inside jitted code: it gathers
+the tiles and resizes with OpenCV's own fixed-point arithmetic (11-bit coefficients; the vertical pass on values
+shifted right by 4 with a high-half multiply, as OpenCV's vectorised code does), so the image is bit-identical to the
+resized `pixel_crop` (tests check it on real states of every room against cv2 itself).
+
+Episodes. The room is drawn uniformly from `tasks` at every episode start (or pinned per env for evaluation, with
+`task_of_env`). Training levels come from a fixed set of level seeds (200 for 5x5, 1000 for 15x15: NLE's core and
+display RNGs both seeded with the level seed, as the original's env.seed(randint(num_train_seeds))); evaluation
+levels are fresh (seeds drawn far outside the training set). Reaching the stairs and dying end an episode
+(termination); the time limit, which NLE reports as end_status ABORTED, is a truncation. The envs auto-reset: the
+observation returned with an ending step is the next episode's first, and info["final_tiles"] holds the crop the
+ending step led to.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+from importlib import resources
+
+import gymnasium as gym
+import jax.numpy as jnp
+import minihack  # noqa: F401  (registers the MiniHack-* gymnasium ids)
+import numpy as np
+from nle import nethack
+
+from common.run import require
+
+NUM_ACTIONS = 8  # MiniHack navigation's compass directions: N, E, S, W, NE, SE, SW, NW
+TASK_DIM = 3
+CROP = 9  # tiles on each side of the agent-centred crop
+TILE_PX = 16  # pixels per tile side in MiniHack's tile set
+IMAGE_SHAPE = (64, 64, 3)
+ROOM_SIZES = ("5x5", "15x15")
+TRAIN_LEVELS = {"5x5": 200, "15x15": 1000}  # level seeds 0..n-1 (the original's num_train_seeds)
+TIME_LIMIT = {"5x5": 100, "15x15": 300}  # MiniHack's max_episode_steps = 20 * size
+EVAL_SEED_OFFSET = 1 << 40  # evaluation level seeds are drawn above this: never a training level
+
+ROOM_OF_TASK = {(1, 0, 0): "Monster", (0, 1, 0): "Trap", (0, 0, 1): "Dark", (1, 1, 1): "Ultimate"}
+TRAIN_TASKS = np.eye(TASK_DIM, dtype=np.float32)
+TEST_TASKS = np.array([[1, 1, 1]], dtype=np.float32)
+
+# NLE's end_status values
+RUNNING, DEATH, SUCCESS, ABORTED = 0, 1, 2, -1
+
+
+def room_id(task, size: str) -> str:
+    """The gymnasium id of the room a task names, e.g. MiniHack-Room-Trap-5x5-v0."""
+    key = tuple(int(x) for x in np.asarray(task).round())
+    require(key in ROOM_OF_TASK and np.allclose(task, key),
+            f"a MiniHack task must be one of {[list(k) for k in ROOM_OF_TASK]} (it names a room), got {list(task)}")
+    return f"MiniHack-Room-{ROOM_OF_TASK[key]}-{size}-v0"
+
+
+def format_task(w) -> str:
+    return ",".join(f"{float(x):g}" for x in w)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The paper's observation, drawn from tile indices
+# ---------------------------------------------------------------------------------------------------------------------
+@functools.cache
+def tile_set() -> tuple[np.ndarray, np.ndarray]:
+    """MiniHack's tile images and glyph map: (images uint8 [num_tiles, 16, 16, 3], glyph_to_tile int16 [MAX_GLYPH])."""
+    from minihack.tiles import glyph2tile
+
+    with resources.files("minihack").joinpath("tiles", "tiles.pkl").open("rb") as f:
+        tiles = pickle.load(f)  # {tile index: [16, 16, 3] uint8}, written by MiniHack's own build
+    images = np.stack([np.asarray(tiles[i], np.uint8) for i in range(len(tiles))])
+    glyph_to_tile = np.asarray(glyph2tile, np.int16)
+    require(glyph_to_tile.shape == (nethack.MAX_GLYPH,) and glyph_to_tile.max() < len(images),
+            "MiniHack's glyph2tile does not match its tiles.pkl: reinstall minihack (requirements.txt's version)")
+    return images, glyph_to_tile
+
+
+def _resize_taps(src: int, dst: int):
+    """OpenCV's INTER_LINEAR taps for one axis: source indices (lo, hi) and 11-bit fixed-point weights (w_lo, w_hi),
+    computed in float32 as cv::resize does (half-pixel centres, cvRound of the weights)."""
+    f = np.float32((np.arange(dst) + 0.5) * (src / dst) - 0.5)
+    lo = np.floor(f).astype(np.int32)
+    f = (f - lo).astype(np.float32)
+    f = np.where(lo < 0, np.float32(0), f)
+    lo = np.maximum(lo, 0)
+    f = np.where(lo >= src - 1, np.float32(0), f)
+    lo = np.minimum(lo, src - 1)
+    w_hi = np.rint(f * np.float32(2048)).astype(np.int32)
+    w_lo = np.rint((np.float32(1) - f) * np.float32(2048)).astype(np.int32)
+    return lo, np.minimum(lo + 1, src - 1), w_lo, w_hi
+
+
+_SIDE = CROP * TILE_PX
+_ROWS = _resize_taps(_SIDE, IMAGE_SHAPE[0])
+_COLS = _resize_taps(_SIDE, IMAGE_SHAPE[1])
+
+
+def render(tiles, tile_images):
+    """The paper's observation, uint8 [64, 64, 3], from a crop of tile indices [9, 9] (jit- and vmap-able).
+
+    Equals cv2.resize(pixel_crop, (64, 64), interpolation=cv2.INTER_LINEAR) bit for bit: the horizontal pass keeps
+    the exact sums (pixel x 2048 weights); the vertical pass multiplies (sum >> 4) by its weights keeping the high
+    16 bits, adds 2 and shifts by 2, which is how OpenCV's vectorised linear resize rounds."""
+    crop = tile_images[tiles].astype(jnp.int32)  # [9, 9, 16, 16, 3]
+    image = crop.transpose(0, 2, 1, 3, 4).reshape(_SIDE, _SIDE, 3)
+    x_lo, x_hi, wx_lo, wx_hi = _COLS
+    rows = image[:, x_lo] * wx_lo[:, None] + image[:, x_hi] * wx_hi[:, None]  # [144, 64, 3], pixel x 2048
+    y_lo, y_hi, wy_lo, wy_hi = _ROWS
+    top = ((rows[y_lo] >> 4) * wy_lo[:, None, None]) >> 16
+    bottom = ((rows[y_hi] >> 4) * wy_hi[:, None, None]) >> 16
+    return jnp.clip((top + bottom + 2) >> 2, 0, 255).astype(jnp.uint8)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The environment
+# ---------------------------------------------------------------------------------------------------------------------
+class MiniHackRooms:
+    """N MiniHack room episodes stepped together on the host, the room (task) drawn per episode.
+
+    reset() -> obs; step(actions) -> (obs, reward, terminated, truncated, info). obs = {"tiles": int16 [N, 9, 9]
+    (tile indices of the agent-centred crop; `render` draws the image), "w": float32 [N, 3] (the task label)};
+    reward: float32 [N], the room's own; info: success, died, timed_out (bool [N]), final_tiles (the crop the step led
+    to, before any reset), w (the task of the step)."""
+
+    def __init__(self, num_envs: int, tasks=TRAIN_TASKS, *, size: str = "5x5", seed: int = 0,
+                 num_levels: int | None = None, task_of_env=None):
+        tasks = np.asarray(tasks, np.float32)
+        require(num_envs > 0, f"num_envs must be positive, got {num_envs}")
+        require(size in ROOM_SIZES, f"the MiniHack room size must be one of {ROOM_SIZES}, got {size!r}")
+        require(tasks.ndim == 2 and tasks.shape[1] == TASK_DIM and len(tasks) > 0,
+                f"MiniHack tasks must be an [n, {TASK_DIM}] array (one label per room), got shape {tasks.shape}")
+        num_levels = TRAIN_LEVELS[size] if num_levels is None else num_levels
+        require(num_levels >= 0, f"num_levels must be non-negative (0: fresh levels), got {num_levels}")
+        self.num_envs, self.tasks, self.size, self.num_levels = num_envs, tasks, size, num_levels
+        self.room_ids = [room_id(w, size) for w in tasks]
+        self.task_of_env = None if task_of_env is None else np.asarray(task_of_env)
+        require(self.task_of_env is None or (self.task_of_env.shape == (num_envs,)
+                                             and 0 <= self.task_of_env.min() and self.task_of_env.max() < len(tasks)),
+                f"task_of_env must give each of the {num_envs} envs a task index below {len(tasks)}")
+        self.rng = np.random.default_rng(seed)
+        self.glyph_to_tile = tile_set()[1]
+        self.envs = [{} for _ in range(num_envs)]  # env i's NLE instance of each room it has played, made on demand
+        self.task = np.zeros(num_envs, np.int64)
+
+    def _room(self, i: int, task: int):
+        env = self.envs[i].get(task)
+        if env is None:
+            made = gym.make(self.room_ids[task], observation_keys=("glyphs_crop",), penalty_step=0.0)
+            env = self.envs[i][task] = made.unwrapped  # no gymnasium checkers on the hot path
+        return env
+
+    def _level_seed(self) -> int:
+        if self.num_levels:
+            return int(self.rng.integers(self.num_levels))
+        return EVAL_SEED_OFFSET + int(self.rng.integers(1 << 40))
+
+    def _start(self, i: int) -> np.ndarray:
+        """Start env i's next episode in a room drawn for it; returns its first crop as tile indices."""
+        self.task[i] = self.task_of_env[i] if self.task_of_env is not None else self.rng.integers(len(self.tasks))
+        env = self._room(i, self.task[i])
+        level = self._level_seed()
+        env.seed(level, level, reseed=False)
+        obs, _ = env.reset()
+        return self.glyph_to_tile[obs["glyphs_crop"]]
+
+    def reset(self):
+        self.tiles = np.stack([self._start(i) for i in range(self.num_envs)])
+        return {"tiles": self.tiles.copy(), "w": self.tasks[self.task]}
+
+    def step(self, actions):
+        actions = np.asarray(actions)
+        require(actions.shape == (self.num_envs,) and np.all((0 <= actions) & (actions < NUM_ACTIONS)),
+                f"actions must be {self.num_envs} integers in [0, {NUM_ACTIONS}), got {actions!r}")
+        n = self.num_envs
+        w = self.tasks[self.task]
+        reward = np.zeros(n, np.float32)
+        status = np.zeros(n, np.int64)
+        final_tiles = np.empty((n, CROP, CROP), np.int16)
+        tiles = np.empty((n, CROP, CROP), np.int16)
+        for i in range(n):
+            env = self.envs[i][self.task[i]]
+            obs, reward[i], done, _, info = env.step(int(actions[i]))
+            final_tiles[i] = self.glyph_to_tile[obs["glyphs_crop"]]
+            status[i] = info["end_status"]
+            if done:
+                require(status[i] in (DEATH, SUCCESS, ABORTED),
+                        f"MiniHack ended an episode with end_status {status[i]}, which this env does not know")
+                tiles[i] = self._start(i)
+            else:
+                tiles[i] = final_tiles[i]
+        success, died, timed_out = status == SUCCESS, status == DEATH, status == ABORTED
+        if not np.array_equal(reward, success.astype(np.float32)):
+            raise RuntimeError(f"MiniHack paid {reward.tolist()} where the successes were {success.tolist()}: the "
+                               f"rooms' reward is not the sparse +1 at the stairs this env assumes")
+        info = {"success": success, "died": died, "timed_out": timed_out, "final_tiles": final_tiles, "w": w}
+        self.tiles = tiles
+        return {"tiles": tiles, "w": self.tasks[self.task]}, reward, success | died, timed_out, info
+
+    def close(self):
+        for rooms in self.envs:
+            for env in rooms.values():
+                env.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reference: what random play gets in each room (README table)
+# ---------------------------------------------------------------------------------------------------------------------
+def random_returns(tasks=np.concatenate([TRAIN_TASKS, TEST_TASKS]), num_episodes: int = 200, size: str = "5x5",
+                   seed: int = 0):
+    """Success rate (= mean return: the reward is 1 at the stairs, else 0), its standard error, and the death rate
+    of uniformly random play in each room, on fresh levels (as evaluation)."""
+    require(num_episodes >= 2, f"num_episodes must be at least 2 to give a standard error, got {num_episodes}")
+    tasks = np.asarray(tasks, np.float32)
+    n = len(tasks) * num_episodes
+    env = MiniHackRooms(n, tasks, size=size, seed=seed, num_levels=0,
+                        task_of_env=np.repeat(np.arange(len(tasks)), num_episodes))
+    rng = np.random.default_rng(seed)
+    env.reset()
+    success, died, running = np.zeros(n), np.zeros(n), np.ones(n, bool)
+    while running.any():
+        _, reward, terminated, truncated, info = env.step(rng.integers(0, NUM_ACTIONS, n))
+        success += np.where(running, reward, 0.0)
+        died += running & info["died"]
+        running &= ~(terminated | truncated)
+    env.close()
+    success, died = success.reshape(len(tasks), -1), died.reshape(len(tasks), -1)
+    return success.mean(1), success.std(1, ddof=1) / np.sqrt(num_episodes), died.mean(1)
+
+
+def _print_reference_table(episodes: int, seed: int) -> None:
+    print(f"| room | task | size | random success rate | random death rate |  ({episodes} episodes, fresh levels)")
+    print("|---|---|---|---:|---:|")
+    tasks = np.concatenate([TRAIN_TASKS, TEST_TASKS])
+    for size in ROOM_SIZES:
+        rate, se, deaths = random_returns(tasks, episodes, size, seed)
+        for w, r, s, d in zip(tasks, rate, se, deaths):
+            print(f"| {room_id(w, size)} | {format_task(w)} | {size} | {r:.3f} ± {s:.3f} | {d:.3f} |")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="random play's success rate in every MiniHack room")
+    parser.add_argument("--episodes", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    cli = parser.parse_args()
+    _print_reference_table(cli.episodes, cli.seed)
