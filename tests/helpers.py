@@ -5,6 +5,7 @@ import jax.numpy as jnp
 
 import msfa_babyai
 import msfa_fruitbot
+import msfa_minihack
 import usfa
 import uvfa
 
@@ -26,7 +27,8 @@ VARIANTS = {  # name: (script, tiny settings, has GPI)
     "uvfa-farm": (uvfa, TINY_UVFA | dict(farm=True), False),
     "mvfa": (uvfa, TINY_UVFA | dict(modular=True), False),
 }
-SCRIPTS = {"msfa_babyai": msfa_babyai, "msfa_fruitbot": msfa_fruitbot, "usfa": usfa, "uvfa": uvfa}
+SCRIPTS = {"msfa_babyai": msfa_babyai, "msfa_fruitbot": msfa_fruitbot, "msfa_minihack": msfa_minihack, "usfa": usfa,
+           "uvfa": uvfa}
 
 
 def random_sequence(script, key, length: int, state, episode_end=None, pickups: bool = False):

@@ -1,0 +1,845 @@
+"""MSFA on MiniHack rooms: Modular Successor Feature Approximators (Carvalho et al., ICLR 2023), in one file.
+
+The agent keeps n state modules (FARM). Module k learns its own cumulant phi^k from its state at t and t+1, and its
+own successor features psi^k from its state and its slice of the task w. Q = psi . w. Three losses train it:
+n-step Q-learning on psi . w, n-step successor-feature learning with phi as pseudo-reward, and regression of
+phi . w on the reward. At test time GPI composes the train-task policies: argmax_a max_z psi(s, a, z) . w_test.
+
+Here the tasks are heterogeneous rooms, not reward weights: w labels the room (Monster [1,0,0], Trap [0,1,0], Dark
+[0,0,1]; the test room Ultimate [1,1,1] has all three), and every room pays +1 at the stairs. Each of the 3 modules
+owns one entry of w, so GPI over the train rooms asks whether the modules' successor features, learned in rooms with
+one difficulty each, combine into a policy for the room with all of them.
+
+The file reads top to bottom as the whole algorithm: arguments (the paper's MiniHack settings as defaults), the
+network and its Q/GPI heads, replay items, the recurrent unroll, n-step targets and the losses, acting, the jitted
+training program, evaluation, and main. It is msfa_fruitbot.py on another host env: NLE (C) steps on the host, and
+the jitted training chunk steps it from inside through `jax.experimental.io_callback`, so acting, replay insertion,
+sampling and SGD run as one program per chunk. What differs from Fruitbot: the env returns the agent-centred 9x9
+crop as tile indices (162 bytes a step in replay instead of a 12 KB frame) and common/minihack.py's `render` draws
+the paper's 64x64 image from them inside the network (bit-identical to the original's resized pixel_crop); reaching
+the stairs and dying are terminations (learned, with the true final view for phi), the time limit a truncation
+(masked); the original's min replay of 100 sequences; GPI support from a flag. common/ holds what is not the
+algorithm: the environment, FARM, GPI, network layers and the run directory.
+
+    python msfa_minihack.py --seed 3                     # the paper's small room (5x5), 3M steps
+    python msfa_minihack.py --room-size 15x15            # the large room, 5M steps
+    python msfa_minihack.py --help                       # every option
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import NamedTuple
+
+import equinox as eqx
+import flashbax as fbx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jax.experimental import io_callback
+
+from common.farm import FarmCore
+from common.minihack import (CROP, NUM_ACTIONS, ROOM_SIZES, TEST_TASKS, TRAIN_LEVELS, TRAIN_TASKS,
+                             MiniHackRooms, format_task, render, tile_set)
+from common.gpi import gpi_values
+from common.networks import MLP, count_params, oar_vector
+from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, parse_args,
+                        metric_fields, metric_rows, progress_line, require, require_finite, require_fraction,
+                        require_non_negative, require_positive)
+
+
+# =====================================================================================================================
+# Arguments: defaults are the paper's MiniHack settings (../shared/reference/protocol.md sections 3-5)
+# =====================================================================================================================
+@dataclass
+class Args:
+    exp_name: str = "msfa_minihack"
+    """name of the experiment (prefix of the default run directory)"""
+    seed: int = 1
+    """seed of the first run; vmapped runs use seed, seed + 1, ..."""
+    num_seeds: int = 1
+    """independent runs trained side by side in one program (vmapped; each steps its own envs on the host)"""
+    total_timesteps: int | None = None
+    """env steps per seed (rounded up to whole iterations of num_envs x sequence_period); default: the paper's 3M
+    for the small room, 5M for the large one"""
+    num_envs: int = 32
+    """parallel envs per seed (the original used 3 actor processes)"""
+    run_dir: str | None = None
+    """where config.json, metrics.csv, eval.csv, checkpoint.eqx and TensorBoard files go (default runs/<name>)"""
+    eval_episodes: int = 20
+    """greedy episodes (on fresh levels) per task and per GPI setting at each evaluation; the return of an episode
+    is 1 if it reached the stairs, else 0, so eval.csv's return_mean is the success rate"""
+    eval_every: int = 250_000
+    """env steps (per seed) between evaluations; one more runs at the end"""
+    log_every: int = 2_560
+    """env steps (per seed) between progress lines and metrics rows"""
+    track: bool = False
+    """log to Weights & Biases"""
+    wandb_project_name: str = "msfa-jax"
+    """Weights & Biases project (with --track)"""
+    wandb_entity: str | None = None
+    """Weights & Biases entity (with --track)"""
+    resume: bool = False
+    """continue the run in --run-dir from its checkpoint, with its saved settings"""
+    overwrite: bool = False
+    """start anew in a --run-dir that holds a run, moving the old one aside to <run-dir>.replaced-<time>"""
+    checkpoint_minutes: float = 10.0
+    """minutes of wall time between checkpoints (also written at every evaluation and on Ctrl-C)"""
+    checkpoint: bool = True
+    """write checkpoint.eqx (replay included: ~1 GB per seed at the paper's size) so that the run can be resumed;
+    --no-checkpoint writes only the small per-seed parameter files"""
+    max_minutes: float | None = None
+    """stop after this many minutes of wall time (compilation included), evaluating and saving first"""
+    time_limit_is_termination: bool = False
+    """the original's "every done is a termination": the time limit (100 steps in the small room, 300 in the large)
+    also ends the episode as a terminal transition instead of a masked truncation"""
+    room_size: str = "5x5"
+    """5x5 (the paper's small room: 1 monster, 1 trap) or 15x15 (the large room: 3 monsters, 15 traps)"""
+    train_levels: int | None = None
+    """training levels come from level seeds 0..train_levels-1 (0: fresh levels); default: the original's 200 for
+    the small room, 1000 for the large one; evaluation levels are always fresh"""
+    gpi_support: str = "train"
+    """the policies z that GPI maximises over at evaluation: "train" (the 3 train rooms, the paper's method) or
+    "test" ([1,1,1] only: what the original code's MiniHack evaluator did)"""
+
+    num_modules: int = 3
+    """FARM modules; each owns an equal slice of the task vector"""
+    module_size: int = 80
+    """size of each module's state"""
+    attention_heads: int = 1
+    """heads of FARM's inter-module attention"""
+    projection_dim: int = 16
+    """channels of FARM's feature attention"""
+    psi_hidden: tuple[int, ...] = (512, 512)
+    """hidden sizes of the psi MLP (shared by the modules)"""
+    phi_hidden: tuple[int, ...] = (256, 256)
+    """hidden sizes of the phi MLP (shared by the modules)"""
+    entangled_psi: bool = False
+    """ablation: one psi MLP on [h^1; ...; h^n; z] gives all of psi (USFA's head on the concatenated modules)"""
+    entangled_phi: bool = False
+    """ablation: one phi MLP on [h^1_{t+1}; h^1_t; ...; h^n_{t+1}; h^n_t] gives all of phi"""
+    q_coeff: float = 0.5
+    """weight alpha_Q of the Q-learning loss on psi . w"""
+    sf_coeff: float = 1.0
+    """weight alpha_psi of the successor-feature loss"""
+    phi_coeff: float = 1.0
+    """weight alpha_phi of the reward regression phi . w ~ r"""
+
+    sequence_length: int = 41
+    """steps per replayed sequence (sequence period + 1)"""
+    sequence_period: int = 40
+    """env steps between the starts of consecutive sequences (consecutive sequences share one step)"""
+    n_step: int = 5
+    """steps of the n-step targets"""
+    gamma: float = 0.99
+    """discount"""
+    replay_size: int = 70_000
+    """replay capacity in sequences (tile crops, not frames: ~14 KB per sequence)"""
+    min_replay_size: int = 100
+    """sequences in replay before learning starts"""
+    samples_per_insert: float = 6.0
+    """sampled sequences per inserted sequence (the replay ratio)"""
+    batch_size: int = 8
+    """sequences per SGD step"""
+    priority_exponent: float = 0.9
+    """replay samples sequences with probability ~ priority^exponent"""
+    importance_exponent: float = 0.6
+    """exponent of the importance weights that correct prioritised sampling (0: no correction)"""
+    max_priority_weight: float = 0.9
+    """priority = w max|delta| + (1 - w) mean|delta| over the sequence"""
+    priority_from_q: bool = False
+    """also prioritise by the Q TD error: priority = that of the psi TD errors (mean over cumulants) + that of the Q
+    TD error (default: psi only, as the original)"""
+    learning_rate: float = 1e-3
+    """Adam step size"""
+    adam_eps: float = 1e-3
+    """Adam epsilon"""
+    max_grad_norm: float = 80.0
+    """gradients are clipped to this global norm"""
+    target_update_period: int = 2500
+    """SGD steps between copies of the online network into the target network"""
+    epsilon_exponents: tuple[float, float] = (1.0, 8.0)
+    """each env draws epsilon per episode from logspace(a, b, num_epsilons, base=epsilon_base)"""
+    num_epsilons: int = 256
+    """number of epsilons in the actors' set"""
+    epsilon_base: float = 0.4
+    """base of the actors' epsilon logspace"""
+
+    def __post_init__(self):
+        """Settings left unset take the paper's value for the room size (a resumed run reads them resolved)."""
+        if self.room_size in ROOM_SIZES:
+            if self.total_timesteps is None:
+                self.total_timesteps = PAPER_STEPS[self.room_size]
+            if self.train_levels is None:
+                self.train_levels = TRAIN_LEVELS[self.room_size]
+
+
+PAPER_STEPS = {"5x5": 3_000_000, "15x15": 5_000_000}
+
+
+def check_args(args: Args) -> None:
+    """Refuse settings that cannot work, with one line saying what to change."""
+    require(args.room_size in ROOM_SIZES,
+            f"--room-size must be one of {', '.join(ROOM_SIZES)}, got {args.room_size!r}")
+    require_positive(args, "num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every",
+                     "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
+                     "num_modules", "attention_heads", "projection_dim", "learning_rate", "adam_eps", "max_grad_norm",
+                     "checkpoint_minutes", "epsilon_base", "samples_per_insert")
+    require(args.max_minutes is None or args.max_minutes > 0, f"--max-minutes must be positive, got {args.max_minutes}")
+    require_non_negative(args, "q_coeff", "sf_coeff", "phi_coeff", "seed", "importance_exponent")
+    require(all(x > 0 for x in args.psi_hidden + args.phi_hidden), "--psi-hidden and --phi-hidden sizes must be "
+                                                                   "positive")
+    require_positive(args, "module_size")
+    require_non_negative(args, "train_levels")
+    require(args.gpi_support in GPI_SUPPORTS,
+            f"--gpi-support must be one of {', '.join(GPI_SUPPORTS)}, got {args.gpi_support!r}")
+    require(TRAIN_TASKS.shape[1] % args.num_modules == 0,
+            f"--num-modules must divide the task dimension {TRAIN_TASKS.shape[1]}, got {args.num_modules}")
+    require(args.sequence_length == args.sequence_period + 1,
+            f"--sequence-length must be --sequence-period + 1 (sequences share one step), got "
+            f"{args.sequence_length} and {args.sequence_period}")
+    require(0 < args.gamma <= 1, f"--gamma must be in (0, 1], got {args.gamma}")
+    require_fraction(args, "priority_exponent", "max_priority_weight")
+    require(args.min_replay_size >= args.batch_size,
+            f"--min-replay-size must be at least --batch-size ({args.batch_size}), got {args.min_replay_size}")
+    require(args.replay_size >= args.min_replay_size,
+            f"--replay-size must be at least --min-replay-size, got {args.replay_size} < {args.min_replay_size}")
+    require(args.replay_size >= args.num_envs, f"--replay-size must hold one insert of --num-envs ({args.num_envs}) "
+                                               f"sequences, got {args.replay_size}")
+    require(args.total_timesteps >= steps_per_iteration(args),
+            f"--total-timesteps must cover at least one iteration ({steps_per_iteration(args)} env steps = "
+            f"--num-envs x --sequence-period), got {args.total_timesteps}")
+
+
+def replay_bytes(args: Args) -> int:
+    """Memory replay takes per seed: two int16 tile crops per step (the view and the final view) and scalars."""
+    per_step = 2 * 2 * CROP * CROP + 4 * (TRAIN_TASKS.shape[1] + 4) + 2
+    return args.replay_size * args.sequence_length * per_step
+
+
+def check_memory(args: Args) -> None:
+    """Refuse a replay that cannot fit this machine's memory (CPU) before allocating it."""
+    if jax.default_backend() != "cpu":
+        return
+    need = replay_bytes(args) * args.num_seeds
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    require(need < 0.8 * have, f"replay of {args.replay_size:,} sequences x {args.num_seeds} seed(s) needs "
+                               f"{need / 2**30:.1f} GiB, more than this machine's {have / 2**30:.1f} GiB allow: lower "
+                               f"--replay-size (and --min-replay-size)")
+
+
+GPI_SUPPORTS = ("train", "test")
+
+
+def method_name(args: Args) -> str:
+    parts = [name for name, on in (("entangled psi", args.entangled_psi), ("entangled phi", args.entangled_phi)) if on]
+    return f"MSFA ({', '.join(parts)})" if parts else "MSFA"
+
+
+def steps_per_iteration(args: Args) -> int:
+    """Env steps per seed per iteration: every env adds one sequence period."""
+    return args.num_envs * args.sequence_period
+
+
+def sgd_steps_per_iteration(args: Args) -> int:
+    """SGD steps after each iteration, so that sampled/inserted sequences ~ samples_per_insert."""
+    return max(1, round(args.samples_per_insert * args.num_envs / args.batch_size))
+
+
+# =====================================================================================================================
+# Network: render -> Impala torso -> FARM modules -> per-module psi^k(s^k, a, w * e_k), phi^k(s^k_t, s^k_{t+1})
+# =====================================================================================================================
+class MSFANetwork(eqx.Module):
+    core: FarmCore  # the module states s^k = h^k
+    psi_mlp: MLP  # modular: shared by modules, [h^k; z * e_k] -> A x C_k; entangled: [h^1..h^n; z] -> A x C
+    phi_mlp: MLP  # modular: shared by modules, [h^k_{t+1}; h^k_t] -> C_k; entangled: all modules' pairs -> C
+    task_dim: int = eqx.field(static=True)
+    entangled_psi: bool = eqx.field(static=True)
+    entangled_phi: bool = eqx.field(static=True)
+
+    def __init__(self, args: Args, task_dim: int, key):
+        k_core, k_psi, k_phi = jax.random.split(key, 3)
+        n, d = args.num_modules, args.module_size
+        per_module = task_dim // n
+        self.core = FarmCore(NUM_ACTIONS, n, d, args.attention_heads, args.projection_dim, k_core, torso="impala")
+        if args.entangled_psi:
+            self.psi_mlp = MLP((n * d + task_dim, *args.psi_hidden, NUM_ACTIONS * task_dim), k_psi)
+        else:
+            self.psi_mlp = MLP((d + task_dim, *args.psi_hidden, NUM_ACTIONS * per_module), k_psi)
+        self.phi_mlp = MLP((2 * d * (n if args.entangled_phi else 1), *args.phi_hidden,
+                            task_dim if args.entangled_phi else per_module), k_phi)
+        self.task_dim, self.entangled_psi, self.entangled_phi = task_dim, args.entangled_psi, args.entangled_phi
+
+    def module_masks(self):
+        """e_k: the 0/1 mask [n, C] of module k's slice of the task vector."""
+        n = self.core.farm.num_modules
+        return jnp.repeat(jnp.eye(n), self.task_dim // n, axis=1)
+
+    def psi(self, h, z):
+        """Successor features [A, C] of policy z: module k gives the columns of its slice, from [h^k; z * e_k]."""
+        if self.entangled_psi:
+            return self.psi_mlp(jnp.concatenate([h.reshape(-1), z])).reshape(NUM_ACTIONS, self.task_dim)
+        inputs = jnp.concatenate([h, z[None] * self.module_masks()], axis=-1)
+        out = jax.vmap(self.psi_mlp)(inputs).reshape(h.shape[0], NUM_ACTIONS, -1)  # [n, A, C_k]
+        return jnp.transpose(out, (1, 0, 2)).reshape(NUM_ACTIONS, self.task_dim)
+
+    def phi(self, h_next, h):
+        """Cumulants [C] of the transition between states h and h_next, module k giving its slice."""
+        pairs = jnp.concatenate([h_next, h], axis=-1)  # [n, 2d]
+        if self.entangled_phi:
+            return self.phi_mlp(pairs.reshape(-1))
+        return jax.vmap(self.phi_mlp)(pairs).reshape(self.task_dim)
+
+
+def q_values(net, h, w):
+    """Q(s, a; w) = psi(s, a, w) . w: acting on the training task, and evaluation without GPI."""
+    return net.psi(h, w) @ w
+
+
+def gpi_q_values(net, h, w, policies):
+    """GPI: max_z psi(s, a, z) . w over the policies z (the train tasks)."""
+    return gpi_values(jax.vmap(net.psi, (None, 0))(h, policies), w)
+
+
+# =====================================================================================================================
+# Replay items and the recurrent unroll
+# =====================================================================================================================
+class Step(NamedTuple):
+    obs: jax.Array  # int16 [9, 9], the agent-centred crop as tile indices (render draws the 64x64x3 image)
+    w: jax.Array  # float32 [C], the task (the room's label)
+    prev_action: jax.Array  # int32
+    prev_reward: jax.Array  # float32
+    first: jax.Array  # bool: obs starts an episode (the recurrent state is reset before it)
+    action: jax.Array  # int32, taken at obs
+    reward: jax.Array  # float32, received for action: 1 where it reached the stairs
+    terminal: jax.Array  # bool: action ended the episode by termination (the stairs, or a death)
+    final_obs: jax.Array  # int16 [9, 9]: the crop action led to (used where it ended the episode: obs at t + 1 is
+    #                       then the next episode's first)
+
+
+class Sequence(NamedTuple):
+    """A replay item: sequence_length steps and the recurrent state before the first (R2D2's stored state)."""
+    steps: Step  # each field [T, ...]
+    state: tuple  # (h, c): the recurrent state before steps[0] (reset there if steps.first[0])
+
+
+def reset_where(first, state, initial):
+    """The recurrent state, replaced by the initial one where a new episode starts (first: [] or [E])."""
+    def pick(s, i):
+        return jnp.where(first.reshape(first.shape + (1,) * (s.ndim - first.ndim)), i, s)
+    return jax.tree.map(pick, state, initial)
+
+
+TILE_IMAGES = jnp.asarray(tile_set()[0])  # MiniHack's tile images [num_tiles, 16, 16, 3]
+
+
+def see(core, tiles):
+    """The torso's map [8, 8, 32] of a crop: the paper's 64x64x3 image, drawn from the tile indices."""
+    return core.torso(render(tiles, TILE_IMAGES))
+
+
+def core_step(core, tiles, prev_action, prev_reward, state):
+    """One step of the recurrent core on one crop."""
+    return core.recur(see(core, tiles), oar_vector(prev_action, prev_reward, NUM_ACTIONS), state)
+
+
+def unroll(core, seq: Sequence):
+    """The torso's maps [T, 8, 8, 32] of a sequence's crops and the recurrent states (h, c) [T, ...] along it,
+    resetting at episode starts (the torso runs outside the scan)."""
+    maps = jax.vmap(partial(see, core))(seq.steps.obs)
+    vectors = jax.vmap(partial(oar_vector, num_actions=NUM_ACTIONS))(seq.steps.prev_action, seq.steps.prev_reward)
+
+    def step(state, x):
+        image_map, vector, first = x
+        state = core.recur(image_map, vector, reset_where(first, state, core.initial_state()))
+        return state, state
+
+    _, states = jax.lax.scan(step, seq.state, (maps, vectors, seq.steps.first))
+    return maps, states
+
+
+def next_states(core, seq: Sequence, states):
+    """h_{t+1} [T-1, ...] of each transition t, for its learned cumulant phi(h_{t+1}, h_t): the next step's state;
+    where the episode ended at t (the next step is another episode's), the state after its true final view, as the
+    original's episodes ended with their last observation. Only terminal transitions use it (truncated ones are
+    masked); it costs a second torso pass over the sequence's final views (static shapes)."""
+    h_next = states[0][1:]
+    s = seq.steps
+    carried, _ = jax.vmap(partial(core_step, core))(s.final_obs[:-1], s.action[:-1], s.reward[:-1],
+                                                    jax.tree.map(lambda x: x[:-1], states))
+    return jnp.where(s.first[1:].reshape((-1,) + (1,) * (h_next.ndim - 1)), carried, h_next)
+
+
+# =====================================================================================================================
+# n-step targets, priorities and the MSFA losses
+# =====================================================================================================================
+def n_step_targets(rewards, values, continues, n: int, gamma: float, terminal_at_end=False):
+    """Truncated n-step targets for the T-1 transitions of a sequence of T steps.
+
+    rewards [T-1, ...]: reward (or cumulant) of transition t (step t -> t+1).
+    values [T, ...]: bootstrap value of each step.
+    continues [T-1]: step t+1 is in the same episode as step t.
+    terminal_at_end: bool, or bool [T-1]: where transition t ends its episode, whether by termination.
+    G_t = sum_{i<m} gamma^i rewards[t+i] + gamma^m values[t+m], with m = min(n, the steps left in t's episode
+    within the sequence). An episode that ends by truncation (the time limit) never saw its next observation: its
+    last transition has m = 0 and is masked. One that ends by termination (the stairs, or a death)
+    learns its last transition too: a return reaching that end sums the rewards up to and including it and
+    bootstraps nothing. Returns (targets, valid).
+    """
+    num = rewards.shape[0]
+    extra = (None,) * (rewards.ndim - 1)
+    pad = lambda x: jnp.concatenate([x, jnp.zeros((n,) + x.shape[1:], x.dtype)])  # noqa: E731
+    terminal = jnp.broadcast_to(jnp.asarray(terminal_at_end, bool), (num,))
+    rewards_p, continues_p, terminal_p = pad(rewards), pad(continues.astype(bool)), pad(terminal)
+    t = jnp.arange(num)
+    total = jnp.zeros_like(rewards)
+    discount = jnp.ones(num, rewards.dtype)
+    boot = t
+    alive = jnp.ones(num, bool)  # transition t + i belongs to t's episode
+    ended = jnp.zeros(num, bool)  # the return reached its episode's terminal end
+    for i in range(n):
+        # a transition counts if its next observation was seen, or if it ended the episode by termination
+        counted = alive & (t + i < num) & (continues_p[t + i] | terminal_p[t + i])
+        total = total + jnp.where(counted, discount, 0.0)[(...,) + extra] * rewards_p[t + i]
+        discount = jnp.where(counted, discount * gamma, discount)
+        boot = jnp.where(counted, t + i + 1, boot)
+        ended = ended | (counted & ~continues_p[t + i])
+        alive = counted & continues_p[t + i]
+    bootstrap = jnp.where(ended, 0.0, discount)[(...,) + extra] * values[boot]
+    return total + bootstrap, boot > t
+
+
+def terminal_transitions(seq: Sequence, args: Args):
+    """bool [T-1]: transition t ends its episode by termination (with --time-limit-is-termination, every end)."""
+    return seq.steps.terminal[:-1] | args.time_limit_is_termination
+
+
+def double_q_bootstrap(q_online, values_target):
+    """values_target[t, a*_t] with a*_t = argmax_a q_online[t, a]: the online net picks, the target net values.
+
+    q_online [T, A]; values_target [T, A] (Q) or [T, A, C] (successor features)."""
+    best = jnp.argmax(jax.lax.stop_gradient(q_online), axis=-1)
+    return values_target[jnp.arange(q_online.shape[0]), best]
+
+
+def masked_mean(x, mask):
+    """Mean of x over the entries where mask holds (the original's episode_mean)."""
+    return jnp.sum(x * mask) / (jnp.sum(mask) + 1e-5)
+
+
+def sequence_priority(delta, valid, max_weight: float):
+    """R2D2's priority of a sequence: max_weight max_t|delta_t| + (1 - max_weight) mean_t|delta_t| over valid t."""
+    abs_delta = jnp.abs(delta)
+    return max_weight * jnp.max(jnp.where(valid, abs_delta, 0.0)) + (1 - max_weight) * masked_mean(abs_delta, valid)
+
+
+def importance_weights(probabilities, exponent: float):
+    """(1 / P_b)^beta normalised by its batch maximum (beta = 0 in BabyAI: no correction)."""
+    weights = (1.0 / (probabilities + 1e-6)) ** exponent
+    return weights / jnp.max(weights)
+
+
+def successor_features(net, target_net, seq: Sequence):
+    """States (h, c) [T, ...] along a sequence, and the online and (stop-gradient) target psi [T, A, C] of z = w."""
+    _, states = unroll(net.core, seq)
+    h_target = jax.lax.stop_gradient(unroll(target_net.core, seq)[1][0])
+    return states, jax.vmap(net.psi)(states[0], seq.steps.w), jax.vmap(target_net.psi)(h_target, seq.steps.w)
+
+
+def sf_td_error(psi, psi_target, cumulants, seq: Sequence, args: Args):
+    """n-step double-Q SF TD errors [T-1, C], one TD problem per cumulant dimension with cumulants[t] the
+    pseudo-reward of transition t; the online psi . w picks the bootstrap action. Returns (errors, valid)."""
+    s = seq.steps
+    q = jnp.einsum("tac,tc->ta", psi, s.w)
+    targets, valid = n_step_targets(cumulants, double_q_bootstrap(q, psi_target), ~s.first[1:], args.n_step,
+                                    args.gamma, terminal_transitions(seq, args))
+    return jax.lax.stop_gradient(targets) - psi[jnp.arange(q.shape[0] - 1), s.action[:-1]], valid
+
+
+def sequence_loss(net: MSFANetwork, target_net: MSFANetwork, seq: Sequence, args: Args, step_mask=None):
+    """The three MSFA losses of one sequence, and the TD errors that set its priority.
+
+    step_mask [T-1] (optional) keeps only some transitions: the masking test uses it to look at one episode."""
+    s = seq.steps
+    states, psi, psi_target = successor_features(net, target_net, seq)  # psi [T, A, C]
+    q = jnp.einsum("tac,tc->ta", psi, s.w)
+    q_target = jnp.einsum("tac,tc->ta", psi_target, s.w)
+    phi = jax.vmap(net.phi)(next_states(net.core, seq, states), states[0][:-1])  # [T-1, C]
+    steps, taken = jnp.arange(q.shape[0] - 1), s.action[:-1]
+
+    # n-step double Q-learning on Q = psi . w
+    q_targets, valid = n_step_targets(s.reward[:-1], double_q_bootstrap(q, q_target), ~s.first[1:], args.n_step,
+                                      args.gamma, terminal_transitions(seq, args))
+    if step_mask is not None:
+        valid = valid & step_mask
+    delta_q = jax.lax.stop_gradient(q_targets) - q[steps, taken]
+    loss_q = masked_mean(0.5 * delta_q**2, valid)
+
+    # n-step SF learning with the (stop-gradient) learned cumulants as pseudo-rewards
+    delta_psi, _ = sf_td_error(psi, psi_target, jax.lax.stop_gradient(phi), seq, args)  # [T-1, C]
+    loss_psi = masked_mean(jnp.mean(0.5 * delta_psi**2, axis=-1), valid)
+
+    # cumulants regressed so that phi . w predicts the reward
+    phi_error = 0.5 * (jnp.sum(phi * s.w[:-1], -1) - s.reward[:-1]) ** 2
+
+    return {"loss_q": loss_q, "loss_psi": loss_psi, "phi_error_sum": jnp.sum(phi_error * valid),
+            "phi_count": jnp.sum(valid), "q_mean": masked_mean(q[steps, taken], valid), "phi": phi, "valid": valid,
+            "priority": sequence_priority(jnp.mean(delta_psi, -1), valid, args.max_priority_weight)
+            + args.priority_from_q * sequence_priority(delta_q, valid, args.max_priority_weight)}
+
+
+LOSS_NAMES = ("loss", "loss_q", "loss_psi", "loss_phi", "q_mean", "grad_norm")
+"""what an SGD step reports (metrics.csv columns)"""
+
+
+def batch_loss(net: MSFANetwork, target_net: MSFANetwork, batch: Sequence, probabilities, args: Args):
+    """alpha_psi mean_b(IS_b L_psi,b) + alpha_Q mean_b L_Q,b + alpha_phi (masked mean of the phi error)."""
+    out = jax.vmap(lambda seq: sequence_loss(net, target_net, seq, args))(batch)
+    weights = importance_weights(probabilities, args.importance_exponent)
+    loss_phi = jnp.sum(out["phi_error_sum"]) / (jnp.sum(out["phi_count"]) + 1e-5)
+    loss = (args.sf_coeff * jnp.mean(weights * out["loss_psi"]) + args.q_coeff * jnp.mean(out["loss_q"])
+            + args.phi_coeff * loss_phi)
+    metrics = {"loss": loss, "loss_q": jnp.mean(out["loss_q"]), "loss_psi": jnp.mean(out["loss_psi"]),
+               "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"])}
+    return loss, (out["priority"], metrics)
+
+
+# =====================================================================================================================
+# Training state, acting and one jitted chunk of training
+# =====================================================================================================================
+class Actor(NamedTuple):
+    """Per-env acting state (the envs themselves live on the host, in Setup.envs)."""
+    seed_index: jax.Array  # which seed's envs these are (the host callback steps envs[seed_index])
+    image: jax.Array  # int16 [E, 9, 9]: each env's crop as tile indices
+    w: jax.Array
+    prev_action: jax.Array
+    prev_reward: jax.Array
+    first: jax.Array
+    rnn: tuple
+    epsilon: jax.Array
+    episode_return: jax.Array
+
+
+class TrainState(NamedTuple):
+    params: object
+    target_params: object
+    opt_state: object
+    buffer: object
+    actors: Actor
+    key: jax.Array
+    env_steps: jax.Array
+    sgd_steps: jax.Array
+
+
+class Setup(NamedTuple):
+    """Everything static a run needs, built once from Args."""
+    envs: list  # one common.minihack.MiniHackRooms of num_envs envs per seed, stepped on the host
+    static: object  # the network's non-array parts (eqx.partition)
+    optimizer: optax.GradientTransformation
+    buffer: object  # flashbax prioritised item buffer of Sequences
+    epsilons: jax.Array
+
+
+def make_network(args: Args, key) -> MSFANetwork:
+    return MSFANetwork(args, TRAIN_TASKS.shape[1], key)
+
+
+def make_env(args: Args, num_envs: int, seed: int, tasks=TRAIN_TASKS, num_levels: int | None = None,
+             task_of_env=None) -> MiniHackRooms:
+    return MiniHackRooms(num_envs, tasks, size=args.room_size, seed=seed, task_of_env=task_of_env,
+                         num_levels=args.train_levels if num_levels is None else num_levels)
+
+
+def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
+    """seeds: whose training envs to build (none: a setup for the network, losses and evaluation only)."""
+    envs = [make_env(args, args.num_envs, seed) for seed in (seeds or [])]
+    _, static = eqx.partition(make_network(args, jax.random.PRNGKey(0)), eqx.is_inexact_array)
+    optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm),
+                            optax.adam(args.learning_rate, eps=args.adam_eps))
+    buffer = fbx.make_prioritised_item_buffer(
+        max_length=args.replay_size, min_length=args.min_replay_size, sample_batch_size=args.batch_size,
+        add_batches=True, priority_exponent=args.priority_exponent,
+        device="cpu" if jax.default_backend() == "cpu" else "gpu")
+    lo, hi = args.epsilon_exponents
+    epsilons = jnp.logspace(lo, hi, args.num_epsilons, base=args.epsilon_base)
+    return Setup(envs, static, optimizer, buffer, epsilons)
+
+
+def fresh_actors(setup: Setup, args: Args, seed_index: int, key) -> Actor:
+    """Every env of one seed at the start of a new episode (at the start of a run, and on resume: the host envs
+    are not in the checkpoint, so a resumed run starts new episodes)."""
+    obs = setup.envs[seed_index].reset()
+    e = args.num_envs
+    initial = (jnp.zeros((args.num_modules, args.module_size)),) * 2  # FARM's initial (h, c)
+    return Actor(seed_index=jnp.asarray(seed_index, jnp.int32), image=jnp.asarray(obs["tiles"]),
+                 w=jnp.asarray(obs["w"]), prev_action=jnp.zeros(e, jnp.int32), prev_reward=jnp.zeros(e),
+                 first=jnp.ones(e, bool), rnn=jax.tree.map(lambda x: jnp.broadcast_to(x, (e,) + x.shape), initial),
+                 epsilon=jax.random.choice(key, setup.epsilons, (e,)), episode_return=jnp.zeros(e))
+
+
+def init_train_state(setup: Setup, args: Args, key, actors: Actor) -> TrainState:
+    k_net, k_target, k_run = jax.random.split(key, 3)
+    params, _ = eqx.partition(make_network(args, k_net), eqx.is_inexact_array)
+    # as in the original, the target network starts from its own random init until the first copy
+    target_params, _ = eqx.partition(make_network(args, k_target), eqx.is_inexact_array)
+    example = jax.tree.map(lambda x: x[0], make_sequences(
+        jax.tree.map(lambda x: jnp.zeros((args.sequence_period,) + x.shape, x.dtype), current_step(actors)),
+        actors, actors.rnn))
+    state = TrainState(params=params, target_params=target_params, opt_state=setup.optimizer.init(params),
+                       buffer=setup.buffer.init(example), actors=actors, key=k_run,
+                       env_steps=jnp.zeros((), jnp.int32), sgd_steps=jnp.zeros((), jnp.int32))
+    # flashbax leaves a weakly typed scalar; strong types everywhere keep the chunk from compiling twice
+    return jax.tree.map(lambda x: jnp.asarray(x, x.dtype), state)
+
+
+def current_step(actors: Actor) -> Step:
+    """The step every env is at now, before it acts (action, reward, terminal and final view are placeholders)."""
+    return Step(obs=actors.image, w=actors.w, prev_action=actors.prev_action, prev_reward=actors.prev_reward,
+                first=actors.first, action=actors.prev_action, reward=actors.prev_reward,
+                terminal=jnp.zeros_like(actors.first), final_obs=actors.image)
+
+
+def make_sequences(steps: Step, actors: Actor, start_rnn) -> Sequence:
+    """One sequence per env: the period's steps [P, E] plus the step the envs are at now (action/reward 0)."""
+    last = current_step(actors)._replace(action=jnp.zeros_like(actors.prev_action),
+                                         reward=jnp.zeros_like(actors.prev_reward))
+    steps = jax.tree.map(lambda xs, x: jnp.concatenate([xs, x[None]]), steps, last)
+    return Sequence(steps=jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), state=start_rnn)
+
+
+def env_step(setup: Setup, args: Args, seed_index, action):
+    """Step one seed's host envs from inside the jitted program (jax.experimental.io_callback). Under the seed vmap
+    JAX runs the callback once per seed, in turn; the actions of step t+1 depend on its crops, so the calls of one
+    seed stay in order."""
+    e, c = args.num_envs, TRAIN_TASKS.shape[1]
+
+    def host(seed_index, action):
+        obs, reward, terminated, truncated, info = setup.envs[int(seed_index)].step(np.asarray(action))
+        return (obs["tiles"], obs["w"], reward, terminated, truncated, info["final_tiles"])
+
+    crop = jax.ShapeDtypeStruct((e, CROP, CROP), jnp.int16)
+    shapes = (crop, jax.ShapeDtypeStruct((e, c), jnp.float32), jax.ShapeDtypeStruct((e,), jnp.float32),
+              jax.ShapeDtypeStruct((e,), jnp.bool_), jax.ShapeDtypeStruct((e,), jnp.bool_), crop)
+    return io_callback(host, shapes, seed_index, action)
+
+
+def act_step(setup: Setup, args: Args, params, actors: Actor, key):
+    """One env step in every env: epsilon-greedy on Q = psi . w for the training task w (no GPI)."""
+    net = eqx.combine(params, setup.static)
+    k_explore, k_action, k_eps = jax.random.split(key, 3)
+    e = args.num_envs
+    rnn = reset_where(actors.first, actors.rnn, net.core.initial_state())
+    rnn = jax.vmap(partial(core_step, net.core))(actors.image, actors.prev_action, actors.prev_reward, rnn)
+    q = jax.vmap(partial(q_values, net))(rnn[0], actors.w)
+    explore = jax.random.uniform(k_explore, (e,)) < actors.epsilon
+    action = jnp.where(explore, jax.random.randint(k_action, (e,), 0, NUM_ACTIONS), jnp.argmax(q, -1))
+    image, w, reward, terminated, truncated, final_obs = env_step(setup, args, actors.seed_index, action)
+    done = terminated | truncated
+    step = current_step(actors)._replace(action=action, reward=reward, terminal=terminated, final_obs=final_obs)
+    episode_return = actors.episode_return + reward
+    finished = {"done": done, "return": episode_return, "task": jnp.argmax(actors.w, -1)}
+    actors = actors._replace(
+        image=image, w=w, prev_action=jnp.where(done, 0, action), prev_reward=jnp.where(done, 0.0, reward),
+        first=done, rnn=rnn, epsilon=jnp.where(done, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),
+        episode_return=jnp.where(done, 0.0, episode_return))
+    return actors, (step, finished)
+
+
+def sgd_step(setup: Setup, args: Args, state: TrainState, key):
+    """Sample a batch of sequences, take one Adam step, refresh their priorities, maybe copy the target."""
+    sample = setup.buffer.sample(state.buffer, key)
+    target_net = eqx.combine(state.target_params, setup.static)
+
+    def loss_fn(params):
+        return batch_loss(eqx.combine(params, setup.static), target_net, sample.experience, sample.probabilities,
+                          args)
+
+    grads, (priorities, metrics) = jax.grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = setup.optimizer.update(grads, state.opt_state, state.params)
+    params = eqx.apply_updates(state.params, updates)
+    buffer = setup.buffer.set_priorities(state.buffer, sample.indices, priorities)
+    sgd_steps = state.sgd_steps + 1
+    copy = sgd_steps % args.target_update_period == 0
+    target_params = jax.tree.map(lambda p, t: jnp.where(copy, p, t), params, state.target_params)
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    return state._replace(params=params, target_params=target_params, opt_state=opt_state, buffer=buffer,
+                          sgd_steps=sgd_steps), metrics
+
+
+def train_iteration(setup: Setup, args: Args, state: TrainState, _):
+    """Act one sequence period in every env, insert the sequences, then train on replay."""
+    key, k_act, k_learn = jax.random.split(state.key, 3)
+    start_rnn = state.actors.rnn
+    actors, (steps, finished) = jax.lax.scan(
+        partial(act_step, setup, args, state.params), state.actors, jax.random.split(k_act, args.sequence_period))
+    buffer = setup.buffer.add(state.buffer, make_sequences(steps, actors, start_rnn))
+    state = state._replace(buffer=buffer, actors=actors, key=key,
+                           env_steps=state.env_steps + steps_per_iteration(args))
+
+    def learn(state):
+        state, metrics = jax.lax.scan(partial(sgd_step, setup, args), state,
+                                      jax.random.split(k_learn, sgd_steps_per_iteration(args)))
+        return state, jax.tree.map(lambda x: jnp.mean(x, 0), metrics) | {"learning": jnp.ones(())}
+
+    def wait(state):
+        return state, {k: jnp.zeros(()) for k in LOSS_NAMES} | {"learning": jnp.zeros(())}
+
+    state, metrics = jax.lax.cond(setup.buffer.can_sample(state.buffer), learn, wait, state)
+    done = finished["done"]
+    one_hot = jax.nn.one_hot(finished["task"], TRAIN_TASKS.shape[0]) * done[..., None]
+    metrics["return_sum"] = jnp.sum(one_hot * finished["return"][..., None], axis=(0, 1))
+    metrics["return_count"] = jnp.sum(one_hot, axis=(0, 1))
+    metrics["epsilon"] = jnp.mean(actors.epsilon)
+    return state, metrics
+
+
+def make_train_chunk(setup: Setup, args: Args, iterations: int):
+    """A jitted function running `iterations` training iterations for every (vmapped) seed."""
+    def chunk(state):
+        return jax.lax.scan(partial(train_iteration, setup, args), state, None, length=iterations)
+    return jax.jit(jax.vmap(chunk), donate_argnums=0)
+
+
+# =====================================================================================================================
+# Evaluation: greedy episodes on fresh levels, in the train and test rooms, with GPI and without
+# =====================================================================================================================
+GPI_SETTINGS = (0, 1)
+"""eval.csv's gpi column: 0 acts on psi(s, a, w) . w, 1 on max_z psi(s, a, z) . w over the --gpi-support tasks"""
+EVAL_TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])
+TRAIN_TASK_NAMES = [format_task(w) for w in TRAIN_TASKS]
+
+
+def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
+    """evaluate(params, seed) -> returns [GPI settings, tasks, episodes] of one seed's params: every (task, episode)
+    is one env on fresh levels, played greedily until each env has finished one episode (a return of 1 is a
+    success); the network acts for all envs at once (jitted), the envs step on the host."""
+    policies = jnp.asarray(TRAIN_TASKS if args.gpi_support == "train" else TEST_TASKS)
+    tasks = np.asarray(tasks, np.float32)
+
+    @partial(jax.jit, static_argnames="use_gpi")
+    def act(params, image, w, prev_action, prev_reward, first, rnn, use_gpi: bool):
+        net = eqx.combine(params, setup.static)
+        rnn = reset_where(first, rnn, net.core.initial_state())
+        rnn = jax.vmap(partial(core_step, net.core))(image, prev_action, prev_reward, rnn)
+        if use_gpi:
+            q = jax.vmap(lambda h, w: gpi_q_values(net, h, w, policies))(rnn[0], w)
+        else:
+            q = jax.vmap(partial(q_values, net))(rnn[0], w)
+        return jnp.argmax(q, -1), rnn
+
+    def evaluate(params, seed: int):
+        n = len(tasks) * args.eval_episodes
+        initial = eqx.combine(params, setup.static).core.initial_state()
+        out = []
+        for g in GPI_SETTINGS:
+            env = make_env(args, n, seed, tasks, num_levels=0,
+                           task_of_env=np.repeat(np.arange(len(tasks)), args.eval_episodes))
+            obs = env.reset()
+            rnn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), initial)
+            prev_action, prev_reward, first = np.zeros(n, np.int32), np.zeros(n, np.float32), np.ones(n, bool)
+            returns, running = np.zeros(n, np.float32), np.ones(n, bool)
+            while running.any():
+                action, rnn = act(params, obs["tiles"], obs["w"], prev_action, prev_reward, first, rnn, use_gpi=g == 1)
+                obs, reward, terminated, truncated, _ = env.step(np.asarray(action))
+                returns += np.where(running, reward, 0.0)
+                done = terminated | truncated
+                running &= ~done
+                prev_action, prev_reward, first = np.where(done, 0, action), np.where(done, 0.0, reward), done
+            out.append(returns.reshape(len(tasks), args.eval_episodes))
+        return np.stack(out)
+
+    return evaluate
+
+
+def eval_rows(evaluate, params, seeds: list[int], step: int) -> list[dict]:
+    """eval.csv rows of every seed: mean and std of the greedy return per task and GPI setting."""
+    rows = []
+    for i, seed in enumerate(seeds):
+        returns = evaluate(jax.tree.map(lambda x: x[i], params), 10_000 * seed + step // 1000 % 10_000)
+        for g_index, g in enumerate(GPI_SETTINGS):
+            for t, w in enumerate(EVAL_TASKS):
+                r = returns[g_index, t]
+                rows.append({"step": step, "seed": seed, "split": "train" if t < len(TRAIN_TASKS) else "test",
+                             "task": format_task(w), "gpi": g, "episodes": len(r), "return_mean": float(r.mean()),
+                             "return_std": float(r.std())})
+    return rows
+
+
+# =====================================================================================================================
+# Main: build, (resume,) then alternate jitted training chunks with logging, evaluation and checkpoints
+# =====================================================================================================================
+@exit_on_config_error
+def main(args: Args) -> None:
+    check_args(args)
+    check_memory(args)
+    per_iteration = steps_per_iteration(args)
+    total_iterations = -(-args.total_timesteps // per_iteration)  # at least --total-timesteps
+    total_steps = total_iterations * per_iteration
+    run = RunDir(args, method_name(args), total_steps)  # refuses a used, missing or unwritable directory
+    seeds = [args.seed + i for i in range(args.num_seeds)]
+    setup = make_setup(args, seeds)
+
+    def actors_of_every_seed():
+        return jax.tree.map(lambda *xs: jnp.stack(xs), *[
+            fresh_actors(setup, args, i, jax.random.fold_in(jax.random.PRNGKey(s), 1)) for i, s in enumerate(seeds)])
+
+    actors = actors_of_every_seed()
+    # jitted, so that the replay (tens of GB at the paper's size) is allocated once, not built up in eager steps
+    state = jax.jit(jax.vmap(lambda k, a: init_train_state(setup, args, k, a)))(
+        jnp.stack([jax.random.PRNGKey(s) for s in seeds]), actors)
+    num_params = count_params(eqx.combine(jax.tree.map(lambda x: x[0], state.params), setup.static))
+    paper = "1.7M" if not (args.entangled_psi or args.entangled_phi) else "not reported"
+    print(f"{method_name(args)} network: {num_params:,} parameters (paper: {paper}); replay "
+          f"{replay_bytes(args) / 2**30:.1f} GiB per seed", flush=True)
+    if args.resume:
+        state, _ = run.restore(state)
+        state = state._replace(actors=actors)  # the host envs start new episodes (they are not in the checkpoint)
+    run.write_config({"method": method_name(args), "num_params": num_params,
+                      "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
+    chunk_iterations = max(1, args.log_every // per_iteration)
+    eval_every_iterations = max(1, args.eval_every // per_iteration)
+    train_chunk = make_train_chunk(setup, args, chunk_iterations)
+    evaluate = make_evaluate(setup, args)
+    print(f"{args.num_seeds} seed(s) x {args.num_envs} envs, {sgd_steps_per_iteration(args)} SGD steps per "
+          f"{per_iteration} env steps; logging every {chunk_iterations * per_iteration:,} steps; run dir {run.path}")
+
+    iteration = run.start_step // per_iteration
+    next_eval = (iteration // eval_every_iterations + 1) * eval_every_iterations
+    start_time, start_iteration = time.time(), iteration
+    fields = metric_fields(LOSS_NAMES, TRAIN_TASK_NAMES)
+    with StopSignals() as signals, run.open_logs(fields) as logs:
+        while iteration < total_iterations:
+            chunk_start = time.time()
+            state, metrics = train_chunk(state)
+            metrics = jax.tree.map(np.asarray, metrics)  # [seeds, iterations]: the one host sync per chunk
+            iteration += chunk_iterations
+            step = iteration * per_iteration
+            sps = chunk_iterations * per_iteration / (time.time() - chunk_start)
+            rows = metric_rows(metrics, state.sgd_steps, seeds, step, sps, LOSS_NAMES, TRAIN_TASK_NAMES)
+            logs.write_metrics(rows)
+            require_finite(rows, LOSS_NAMES, run)  # stops on NaN/inf, keeping the last good checkpoint
+            eta = (time.time() - start_time) / (iteration - start_iteration) * (total_iterations - iteration)
+            print(progress_line(rows, total_steps, eta), flush=True)
+            last = iteration >= total_iterations or run.out_of_time()
+            if iteration >= next_eval or last:
+                rows = eval_rows(evaluate, state.params, seeds, step)
+                logs.write_eval(rows)
+                print(eval_line(rows), flush=True)
+                next_eval += eval_every_iterations
+                run.save_params(state.params, step, seeds)
+                run.save(state, step, seeds)
+            elif run.checkpoint_due():
+                run.save(state, step, seeds)
+            signals.stop_if_asked(run, state, step, seeds)  # Ctrl-C / SIGTERM: checkpoint, then one line and exit
+            if last and iteration < total_iterations:
+                print(f"stopped by --max-minutes at step {step:,} of {total_steps:,}", flush=True)
+                break
+
+
+if __name__ == "__main__":
+    main(parse_args(Args))
