@@ -1,15 +1,17 @@
-"""The paper's BabyAI protocol on a lent GPU, inside one command's time budget (results/babyai/gpu_run.sh calls this).
+"""The paper's protocol on a lent GPU, BabyAI or Fruitbot, inside one command's time budget (results/babyai/gpu_run.sh
+and results/fruitbot/gpu_run.sh call this).
 
 A lent GPU comes for ~15 minutes, at most 10 per command, and only 8 files of at most 16 MiB come back, so a run
 must finish inside the command and bring back what analysis needs (eval.csv, metrics.csv, config.json, and the
 small parameter files), never the replay-holding checkpoints. This driver trains the paper protocol (every script's
-defaults: 5M env steps at replay ratio 6) for --num-seeds vmapped seeds per method, in the order the paper's claims
-need most, --concurrency methods at a time on the one GPU (an SGD step is latency-bound, so two processes overlap
-well). Each run stops itself by --max-minutes before the budget ends, evaluates, and writes its parameters; a run
-that finishes early frees its slot for the next method. What share of the protocol each method reached is written
-to summary.json.
+defaults: BabyAI 5M env steps, Fruitbot 10M, at replay ratio 6) for --num-seeds vmapped seeds per method, in the
+order the paper's claims need most, --concurrency methods at a time on the one GPU (BabyAI: two, as an SGD step is
+latency-bound and two processes overlap well; Fruitbot: one, as its replay of frames takes tens of GiB). On a GPU,
+Fruitbot trains as many seeds as fit its memory (seeds_that_fit). Each run stops itself by --max-minutes before the
+budget ends, evaluates, and writes its parameters; a run that finishes early frees its slot for the next method.
+What share of the protocol each method reached is written to summary.json.
 
-    python -m results.gpu_run BUDGET_SECONDS OUT_DIR [--num-seeds 10] [--extra "--num-envs 4 ..."]
+    python -m results.gpu_run BUDGET_SECONDS OUT_DIR [--env fruitbot] [--num-seeds 10] [--extra "--num-envs 4 ..."]
 
 OUT_DIR then holds at most 8 files: summary.json, results.tar.gz (every run's config.json, metrics.csv, eval.csv
 and log) and up to six params_<method>[_<k>].tar.gz of at most 15 MiB, shared among the methods that ran.
@@ -17,6 +19,8 @@ and log) and up to six params_<method>[_<k>].tar.gz of at most 15 MiB, shared am
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import shlex
 import subprocess
@@ -31,17 +35,41 @@ import tyro
 from common.run import exit_on_config_error, require
 
 ROOT = Path(__file__).resolve().parent.parent
-METHODS = {  # in the order the paper's claims need them: name -> script and flags
-    "msfa": "msfa_babyai.py",
-    "usfa_learned": "usfa.py --learned-cumulants",
-    "usfa": "usfa.py",
-    "uvfa_farm": "uvfa.py --farm",
-    "msfa_entangled_psi": "msfa_babyai.py --entangled-psi",
-    "msfa_entangled_phi": "msfa_babyai.py --entangled-phi",
-    "msfa_entangled_both": "msfa_babyai.py --entangled-psi --entangled-phi",
-    "uvfa": "uvfa.py",
-    "mvfa": "uvfa.py --modular",
+METHODS = {  # per env, in the order the paper's claims need them: name -> script and flags
+    "babyai": {
+        "msfa": "msfa_babyai.py",
+        "usfa_learned": "usfa.py --learned-cumulants",
+        "usfa": "usfa.py",
+        "uvfa_farm": "uvfa.py --farm",
+        "msfa_entangled_psi": "msfa_babyai.py --entangled-psi",
+        "msfa_entangled_phi": "msfa_babyai.py --entangled-phi",
+        "msfa_entangled_both": "msfa_babyai.py --entangled-psi --entangled-phi",
+        "uvfa": "uvfa.py",
+        "mvfa": "uvfa.py --modular",
+    },
+    "fruitbot": {
+        "msfa": "msfa_fruitbot.py",
+        "usfa_learned": "usfa.py --env fruitbot --learned-cumulants",
+        "usfa": "usfa.py --env fruitbot",
+        "uvfa_farm": "uvfa.py --env fruitbot --farm",
+        "msfa_entangled_psi": "msfa_fruitbot.py --entangled-psi",
+        "msfa_entangled_phi": "msfa_fruitbot.py --entangled-phi",
+        "msfa_entangled_both": "msfa_fruitbot.py --entangled-psi --entangled-phi",
+        "uvfa": "uvfa.py --env fruitbot",
+        "mvfa": "uvfa.py --env fruitbot --modular",
+    },
 }
+CONCURRENCY = {"babyai": 2, "fruitbot": 1}
+"""methods trained at once unless --concurrency says otherwise"""
+RESERVE_SECONDS = {"babyai": 60.0, "fruitbot": 120.0}
+"""kept back at the end unless --reserve-seconds says otherwise (Fruitbot's final evaluation plays 200 lifetimes of up
+to 4,000 steps per seed with the envs on the host)"""
+FIT_SEEDS = ("fruitbot",)
+"""envs whose replay (64x64x3 frames: 33 GiB per seed at the paper's 70k sequences) limits the seeds a GPU holds"""
+PAPER_SEEDS = 10
+REPLAY_SHARE = 0.7
+"""share of the device's memory the replays of all concurrently running methods may take (the rest: activations,
+parameters, optimiser state, and the transient copy while a replay is allocated)"""
 MAX_FILE_BYTES = 15 * 2**20
 PARAMS_ARCHIVES = 6
 
@@ -52,24 +80,68 @@ class Args:
     """wall time for everything, start-up and packing included"""
     out_dir: tyro.conf.Positional[str]
     """where the (at most 8, at most 16 MiB each) result files go"""
-    num_seeds: int = 10
-    """vmapped seeds per method (seeds 1..num_seeds)"""
-    methods: tuple[str, ...] = tuple(METHODS)
-    """methods in the order to run them"""
-    concurrency: int = 2
-    """methods trained at the same time on the one GPU"""
+    env: str = "babyai"
+    """babyai or fruitbot"""
+    num_seeds: int | None = None
+    """vmapped seeds per method (seeds 1..num_seeds); default 10, or with --env fruitbot on a GPU as many as fit (up to
+    10): a count whose replays cannot fit is refused"""
+    methods: tuple[str, ...] = ()
+    """methods in the order to run them (default: every method of --env, in the order the paper's claims need them)"""
+    concurrency: int | None = None
+    """methods trained at the same time on the one GPU (default 2 for babyai, 1 for fruitbot)"""
     extra: str = ""
     """flags added to every run (tests use tiny settings here; the GPU run uses the paper's defaults)"""
     work_dir: str = "/tmp/msfa-gpu-runs"
     """where the run directories go (outside out_dir: they hold more files than can come back)"""
-    reserve_seconds: float = 60.0
-    """kept back at the end for the runs' final evaluation and for packing"""
+    reserve_seconds: float | None = None
+    """kept back at the end for the runs' final evaluation and for packing (default 60 for babyai, 120 for fruitbot)"""
     min_run_seconds: float = 90.0
     """a method is started only with at least this much time left (start-up and compilation take about a minute)"""
 
 
+def seeds_that_fit(replay_bytes_per_seed: int, concurrency: int, bytes_limit: int) -> int:
+    """Seeds per method whose replays, for `concurrency` methods running at once, take at most REPLAY_SHARE of the
+    device's memory."""
+    return int(REPLAY_SHARE * bytes_limit) // (concurrency * replay_bytes_per_seed)
+
+
+def choose_num_seeds(requested: int | None, replay_bytes_per_seed: int | None, concurrency: int,
+                     bytes_limit: int | None) -> int:
+    """--num-seeds, or PAPER_SEEDS, or as many as fit where the replay and the device's memory are known; a count
+    that cannot fit is refused with one line saying what fits."""
+    if replay_bytes_per_seed is None or bytes_limit is None:
+        return PAPER_SEEDS if requested is None else requested
+    fit = seeds_that_fit(replay_bytes_per_seed, concurrency, bytes_limit)
+    gib = f"{replay_bytes_per_seed / 2**30:.1f} GiB of replay per seed x {concurrency} method(s) at once"
+    room = f"{REPLAY_SHARE:.0%} of the device's {bytes_limit / 2**30:.1f} GiB"
+    require(fit > 0, f"not even one seed fits: {gib} is more than {room}; lower --replay-size (--extra) or "
+                     f"--concurrency")
+    require(requested is None or requested <= fit,
+            f"--num-seeds {requested} does not fit: {gib} allows at most {fit} seed(s) in {room}")
+    return min(PAPER_SEEDS, fit) if requested is None else requested
+
+
+def device_memory_limit() -> int | None:
+    """Bytes the accelerator lets this process allocate (None on a CPU, or where the device does not say)."""
+    import jax
+
+    if jax.default_backend() == "cpu":
+        return None
+    return (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+
+
+def replay_bytes_per_seed(methods: dict[str, str], names: list[str], extra: str) -> int:
+    """The largest replay per seed among the methods, from each script's own replay_bytes at its flags + extra."""
+    sizes = []
+    for name in names:
+        script, *flags = shlex.split(methods[name])
+        module = importlib.import_module(Path(script).stem)
+        sizes.append(module.replay_bytes(tyro.cli(module.Args, args=[*flags, *shlex.split(extra)])))
+    return max(sizes)
+
+
 def launch(name: str, args: Args, work: Path, minutes: float) -> subprocess.Popen:
-    script, *flags = shlex.split(METHODS[name])
+    script, *flags = shlex.split(METHODS[args.env][name])
     command = [sys.executable, str(ROOT / script), *flags, "--seed", "1", "--num-seeds", str(args.num_seeds),
                "--run-dir", str(work / name), "--max-minutes", f"{minutes:.2f}", "--no-checkpoint",
                *shlex.split(args.extra)]
@@ -122,15 +194,33 @@ def pack(work: Path, out: Path, started: list[str], summary: dict) -> None:
         summary[name].setdefault("params_seeds", [])
 
 
-@exit_on_config_error
-def main(args: Args) -> None:
-    start = time.time()
+def resolve(args: Args) -> tuple[Args, dict]:
+    """args with --env's defaults filled in (methods, concurrency, reserve, seeds), checked; and what the seed count
+    was decided from (for summary.json). Imports jax (the device's memory decides Fruitbot's seeds)."""
+    require(args.env in METHODS, f"unknown --env {args.env!r}; choose from {', '.join(METHODS)}")
+    methods = METHODS[args.env]
+    args = dataclasses.replace(
+        args, methods=args.methods or tuple(methods),
+        concurrency=CONCURRENCY[args.env] if args.concurrency is None else args.concurrency,
+        reserve_seconds=RESERVE_SECONDS[args.env] if args.reserve_seconds is None else args.reserve_seconds)
     require(args.budget_seconds > args.reserve_seconds + args.min_run_seconds,
             f"the budget must exceed --reserve-seconds + --min-run-seconds "
             f"({args.reserve_seconds + args.min_run_seconds:.0f} s), got {args.budget_seconds:.0f}")
-    unknown = [m for m in args.methods if m not in METHODS]
-    require(not unknown, f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
-    require(args.num_seeds > 0 and args.concurrency > 0, "--num-seeds and --concurrency must be positive")
+    unknown = [m for m in args.methods if m not in methods]
+    require(not unknown, f"unknown methods {unknown} for --env {args.env}; choose from {', '.join(methods)}")
+    require((args.num_seeds is None or args.num_seeds > 0) and args.concurrency > 0,
+            "--num-seeds and --concurrency must be positive")
+    limit = device_memory_limit() if args.env in FIT_SEEDS else None
+    per_seed = replay_bytes_per_seed(methods, list(args.methods), args.extra) if limit is not None else None
+    args = dataclasses.replace(args, num_seeds=choose_num_seeds(args.num_seeds, per_seed, args.concurrency, limit))
+    memory = {} if limit is None else {"device_bytes_limit": limit, "replay_bytes_per_seed": per_seed}
+    return args, memory
+
+
+@exit_on_config_error
+def main(args: Args) -> None:
+    start = time.time()
+    args, memory = resolve(args)
     out, work = Path(args.out_dir), Path(args.work_dir)
     out.mkdir(parents=True, exist_ok=True)
     require(not any(out.iterdir()), f"{out} is not empty; pass an empty or new OUT_DIR")
@@ -140,7 +230,10 @@ def main(args: Args) -> None:
     import jax
 
     device = f"{jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}"
-    print(f"[gpu_run] {device}; budget {args.budget_seconds:.0f} s; {args.num_seeds} seeds per method", flush=True)
+    fitted = (f" (replay {memory['replay_bytes_per_seed'] / 2**30:.1f} GiB per seed; the device allows "
+              f"{memory['device_bytes_limit'] / 2**30:.1f} GiB)" if memory else "")
+    print(f"[gpu_run] {device}; {args.env}; budget {args.budget_seconds:.0f} s; {args.num_seeds} seeds per method"
+          f"{fitted}, {args.concurrency} method(s) at a time", flush=True)
     queue, running, started = list(args.methods), {}, []
     summary, stopping = {}, False
     while queue or running:
@@ -154,13 +247,17 @@ def main(args: Args) -> None:
             name = queue.pop(0)
             running[name] = launch(name, args, work, left / 60)
             started.append(name)
-            summary[name] = {"command": METHODS[name], "_start": time.time()}
+            summary[name] = {"command": METHODS[args.env][name], "_start": time.time()}
         if not running and (not queue or left < args.min_run_seconds):
             break
-        if time.time() > start + args.budget_seconds - 15 and not stopping:  # the runs overran their own limit
+        now = time.time()
+        if now > start + args.budget_seconds - 15 and not stopping:  # the runs overran their own limit
             stopping = True
             for process in running.values():
                 process.terminate()
+        if now > start + args.budget_seconds - 5:  # and did not stop: what they wrote is packed inside the budget
+            for process in running.values():
+                process.kill()
         time.sleep(1.0)
 
     for name in started:
@@ -171,8 +268,9 @@ def main(args: Args) -> None:
                               "share_of_protocol": round(steps / total, 4) if total else None})
         summary[name].pop("_start", None)
     pack(work, out, started, summary)
-    summary = {"device": device, "budget_seconds": args.budget_seconds, "num_seeds": args.num_seeds,
-               "extra_flags": args.extra, "not_started": queue, **summary}
+    summary = {"device": device, "env": args.env, "budget_seconds": args.budget_seconds,
+               "num_seeds": args.num_seeds, "concurrency": args.concurrency, **memory, "extra_flags": args.extra,
+               "not_started": queue, **summary}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     for name in started:
         print(f"[gpu_run] {name}: {summary[name]['steps_per_seed']:,} steps per seed "
