@@ -1,4 +1,4 @@
-"""USFA baselines on BabyAI GotoAvoid and Procgen Fruitbot: Universal Successor Feature Approximators (Borsa et al.,
+"""USFA baselines on BabyAI GotoAvoid, Procgen Fruitbot and MiniHack rooms: Universal Successor Feature Approximators (Borsa et al.,
 2019), in one file.
 
 One LSTM state h (no modules). psi(s, a, z) = MLP([h; z]) -> [A, C], Q = psi . w, GPI at test time over the train
@@ -16,12 +16,14 @@ tasks: argmax_a max_z psi(s, a, z) . w_test.
 The file reads top to bottom as the whole algorithm: arguments (the paper's settings for --env as defaults), the
 environment, the network and its Q/GPI heads, replay items, the recurrent unroll, n-step targets and the losses,
 acting, the jitted training program, evaluation, and main (see msfa_babyai.py for the shape of the program). One
-training loop serves both environments: BabyAI is JAX and steps inside the jitted chunk; Fruitbot is procgen on the
-host and steps from inside the same chunk through io_callback (as msfa_fruitbot.py; benchmarks/host_env.py).
+training loop serves every environment: BabyAI is JAX and steps inside the jitted chunk; Fruitbot (procgen) and
+MiniHack (NLE) run on the host and step from inside the same chunk through io_callback (as msfa_fruitbot.py and
+msfa_minihack.py; benchmarks/host_env.py). MiniHack's rooms define no cumulants, so there USFA only learns them.
 
     python usfa.py --seed 3                         # USFA, hand-designed cumulants
     python usfa.py --learned-cumulants --seed 3     # USFA with learned cumulants
     python usfa.py --env fruitbot --replay-size 10000 --min-replay-size 500   # on Fruitbot (sizes: the paper's)
+    python usfa.py --env minihack --learned-cumulants  # on MiniHack's small rooms (the only USFA defined there)
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import numpy as np
 import optax
 from jax.experimental import io_callback
 
-from common import babyai, fruitbot
+from common import babyai, fruitbot, minihack
 from common.babyai import EnvParams, GotoAvoid, Observation, format_task, make_params
 from common.gpi import gpi_values
 from common.networks import MLP, LSTMCore, count_params, oar_vector
@@ -62,16 +64,17 @@ class Args:
     """independent runs trained side by side in one program (vmapped)"""
     total_timesteps: int | None = None
     """env steps per seed (rounded up to whole iterations of num_envs x sequence_period; default: the paper's, 5M on
-    BabyAI, 10M on Fruitbot)"""
+    BabyAI, 10M on Fruitbot, 3M / 5M in MiniHack's small / large rooms)"""
     num_envs: int = 32
     """parallel envs per seed (the original used 3 actor processes)"""
     run_dir: str | None = None
     """where config.json, metrics.csv, eval.csv, checkpoint.eqx and TensorBoard files go (default runs/<name>)"""
     eval_episodes: int | None = None
-    """greedy episodes per task and per GPI setting at each evaluation (default: 20 on BabyAI, 10 on Fruitbot)"""
-    eval_every: int | None = None
-    """env steps (per seed) between evaluations; one more runs at the end (default: 250k on BabyAI, 500k on
+    """greedy episodes per task and per GPI setting at each evaluation (default: 20 on BabyAI and MiniHack, 10 on
     Fruitbot)"""
+    eval_every: int | None = None
+    """env steps (per seed) between evaluations; one more runs at the end (default: 250k on BabyAI and MiniHack, 500k
+    on Fruitbot)"""
     log_every: int = 2_560
     """env steps (per seed) between progress lines and metrics rows"""
     track: bool = False
@@ -98,22 +101,25 @@ class Args:
     of being masked; learned cumulants then need the final view, which replay stores"""
 
     env: str = "babyai"
-    """environment: babyai or fruitbot (the defaults marked "default: ..." follow it)"""
+    """environment: babyai, fruitbot or minihack (the defaults marked "default: ..." follow it)"""
     distribution_mode: str = "hard"
     """Fruitbot: procgen's mode (hard: all 12 object types; easy: the original's, 4 types)"""
-    train_levels: int = fruitbot.TRAIN_LEVELS
-    """Fruitbot: training levels come from level seeds 0..train_levels-1 (0: unrestricted)"""
+    train_levels: int | None = None
+    """Fruitbot, MiniHack: training levels come from level seeds 0..train_levels-1 (0: unrestricted; default: 200 on
+    Fruitbot and MiniHack's small room, 1000 in the large room)"""
     max_levels: int = fruitbot.MAX_LEVELS
     """Fruitbot: levels per episode (lifetime)"""
+    room_size: str = "5x5"
+    """MiniHack: 5x5 (the paper's small room) or 15x15 (the large room)"""
     gpi_support: str = "train"
-    """the policies GPI maximises over at evaluation: "train" (the train tasks) or, on Fruitbot, "test" (the 6 test
-    tasks: the original code's Fruitbot evaluator)"""
+    """the policies GPI maximises over at evaluation: "train" (the train tasks) or, on Fruitbot and MiniHack, "test"
+    (the test tasks: the original code's evaluators)"""
     learned_cumulants: bool = False
     """learn phi = MLP([h_{t+1}; h_t]) with MSFA's three losses instead of using the env's cumulants"""
     lstm_size: int | None = None
-    """size of the LSTM state h (default: 512 on BabyAI, 300 on Fruitbot)"""
+    """size of the LSTM state h (default: 512 on BabyAI, 300 on Fruitbot and MiniHack)"""
     psi_hidden: tuple[int, ...] | None = None
-    """hidden sizes of the psi MLP on [h; z] (default: 128 on BabyAI, 512 512 on Fruitbot)"""
+    """hidden sizes of the psi MLP on [h; z] (default: 128 on BabyAI, 512 512 on Fruitbot and MiniHack)"""
     phi_hidden: tuple[int, ...] = (256, 256)
     """hidden sizes of the phi MLP (--learned-cumulants only)"""
     q_coeff: float = 0.5
@@ -166,7 +172,11 @@ class Args:
 
     def __post_init__(self):
         """Settings left at None take the paper's value for --env."""
-        for name, value in PAPER_SETTINGS.get(self.env, {}).items():
+        settings = PAPER_SETTINGS.get(self.env, {})
+        if self.env == "minihack" and self.room_size in minihack.ROOM_SIZES:
+            settings = settings | dict(total_timesteps={"5x5": 3_000_000, "15x15": 5_000_000}[self.room_size],
+                                       train_levels=minihack.TRAIN_LEVELS[self.room_size])
+        for name, value in settings.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
 
@@ -175,32 +185,40 @@ PAPER_SETTINGS = {
     "babyai": dict(total_timesteps=5_000_000, eval_episodes=20, eval_every=250_000, lstm_size=512, psi_hidden=(128,),
                    replay_size=100_000, min_replay_size=100, importance_exponent=0.0),
     "fruitbot": dict(total_timesteps=10_000_000, eval_episodes=10, eval_every=500_000, lstm_size=300,
-                     psi_hidden=(512, 512), replay_size=70_000, min_replay_size=10_000, importance_exponent=0.6),
+                     psi_hidden=(512, 512), replay_size=70_000, min_replay_size=10_000, importance_exponent=0.6,
+                     train_levels=fruitbot.TRAIN_LEVELS),
+    "minihack": dict(eval_episodes=20, eval_every=250_000, lstm_size=300, psi_hidden=(512, 512), replay_size=70_000,
+                     min_replay_size=100, importance_exponent=0.6),
 }
-ENVS = {"babyai": babyai, "fruitbot": fruitbot}
-TORSOS = {"babyai": "dqn", "fruitbot": "impala"}
+ENVS = {"babyai": babyai, "fruitbot": fruitbot, "minihack": minihack}
+TORSOS = {"babyai": "dqn", "fruitbot": "impala", "minihack": "impala"}
+HOST_ENVS = ("fruitbot", "minihack")  # C++/C games stepped on the host through io_callback
 GPI_SUPPORTS = ("train", "test")
 
 
 def env_module(args: Args):
-    """common.babyai or common.fruitbot: the env's actions and tasks."""
+    """common.babyai, common.fruitbot or common.minihack: the env's actions and tasks."""
     return ENVS[args.env]
 
 
 def check_args(args: Args) -> None:
     """Refuse settings that cannot work, with one line saying what to change."""
-    require(args.env in ENVS, f"--env must be one of {', '.join(ENVS)} (MiniHack is not implemented yet), got "
-                              f"{args.env!r}")
+    require(args.env in ENVS, f"--env must be one of {', '.join(ENVS)}, got {args.env!r}")
+    require(args.env != "minihack" or args.room_size in minihack.ROOM_SIZES,
+            f"--room-size must be one of {', '.join(minihack.ROOM_SIZES)}, got {args.room_size!r}")
+    if args.env in HOST_ENVS:
+        require(not args.truncate_task_input, f"--truncate-task-input is a BabyAI setting ({args.env} tasks are whole "
+                                              f"numbers)")
+        require_non_negative(args, "train_levels")
+    require(args.env != "minihack" or args.learned_cumulants, "USFA with hand-designed cumulants has no phi on "
+                                                              "MiniHack (its rooms define none): add --learned-cumulants")
     if args.env == "fruitbot":
-        require(not args.truncate_task_input, "--truncate-task-input is a BabyAI setting (Fruitbot tasks are whole "
-                                              "numbers)")
         require(args.distribution_mode in fruitbot.DISTRIBUTION_MODES, f"--distribution-mode must be one of "
                 f"{', '.join(fruitbot.DISTRIBUTION_MODES)}, got {args.distribution_mode!r}")
         require_positive(args, "max_levels")
-        require_non_negative(args, "train_levels")
     require(args.gpi_support in GPI_SUPPORTS, f"--gpi-support must be one of {', '.join(GPI_SUPPORTS)}, got "
                                               f"{args.gpi_support!r}")
-    require(args.env == "fruitbot" or args.gpi_support == "train", "--gpi-support test is the original's Fruitbot "
+    require(args.env in HOST_ENVS or args.gpi_support == "train", "--gpi-support test is the original's Fruitbot "
                                                                   "evaluator; BabyAI's GPI is over the train tasks")
     require_positive(args, "num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every",
                      "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
@@ -232,13 +250,14 @@ def method_name(args: Args) -> str:
     return "USFA (learned cumulants)" if args.learned_cumulants else "USFA"
 
 
-PAPER_PARAMS = {"babyai": "2.35M", "fruitbot": "1.98M"}
+PAPER_PARAMS = {"babyai": "2.35M", "fruitbot": "1.98M", "minihack": "1.95M"}
 """the paper's parameter count of USFA with learned cumulants per env"""
 
 
 def replay_bytes(args: Args) -> int:
-    """Memory replay takes per seed (Fruitbot: one 64x64x3 uint8 frame per step dominates)."""
-    obs = int(np.prod(fruitbot.IMAGE_SHAPE if args.env == "fruitbot" else (5, 5, 3)))
+    """Memory replay takes per seed (Fruitbot: one 64x64x3 uint8 frame per step dominates; MiniHack stores two crops
+    of int16 tile indices per step, the view and the final view)."""
+    obs = {"fruitbot": int(np.prod(fruitbot.IMAGE_SHAPE)), "minihack": 2 * 2 * minihack.CROP**2}.get(args.env, 75)
     return args.replay_size * args.sequence_length * (obs + 4 * (2 * fruitbot.TASK_DIM + 4) + 3)
 
 
@@ -264,7 +283,7 @@ def sgd_steps_per_iteration(args: Args) -> int:
 
 
 # =====================================================================================================================
-# Network: DQN (BabyAI) or Impala (Fruitbot) torso -> LSTM -> psi(s, a, z) = MLP([h; z]) and, with learned cumulants, phi = MLP([h_{t+1}; h_t])
+# Network: DQN (BabyAI) or Impala (Fruitbot, MiniHack) torso -> LSTM -> psi(s, a, z) = MLP([h; z]) and, with learned cumulants, phi = MLP([h_{t+1}; h_t])
 # =====================================================================================================================
 class USFANetwork(eqx.Module):
     core: LSTMCore
@@ -305,19 +324,19 @@ def gpi_q_values(net, h, w, policies):
 # Replay items and the recurrent unroll
 # =====================================================================================================================
 class Step(NamedTuple):
-    obs: jax.Array  # uint8: BabyAI's symbolic view [5, 5, 3] (rendered to RGB by the network's caller), or Fruitbot's
-    #                 frame [64, 64, 3]
+    obs: jax.Array  # BabyAI's symbolic view uint8 [5, 5, 3] or MiniHack's crop of tile indices int16 [9, 9]
+    #                 (rendered to RGB by the network's caller), or Fruitbot's frame uint8 [64, 64, 3]
     w: jax.Array  # float32 [C], the task as the agent sees it
     prev_action: jax.Array  # int32
     prev_reward: jax.Array  # float32
     first: jax.Array  # bool: obs starts an episode (the recurrent state is reset before it)
     action: jax.Array  # int32, taken at obs
     reward: jax.Array  # float32, received for action
-    phi: jax.Array  # float32 [C], the env's cumulant of the same transition: reward = phi . w
-    final_obs: jax.Array  # uint8 [5, 5, 3]: the view the action led to where it ended the episode (kept only with
-    #                       --time-limit-is-termination and learned cumulants, for the learned cumulant of that
-    #                       transition; else [0])
-    terminal: jax.Array  # bool: action ended the episode by termination (Fruitbot: a barrier or the last level)
+    phi: jax.Array  # float32 [C], the env's cumulant of the same transition: reward = phi . w (MiniHack: none, 0)
+    final_obs: jax.Array  # the view the action led to where it ended the episode (kept, for the learned cumulant of
+    #                       that transition, on MiniHack and with --time-limit-is-termination; else [0])
+    terminal: jax.Array  # bool: action ended the episode by termination (Fruitbot: a barrier or the last level;
+    #                      MiniHack: the stairs or a death)
 
 
 class Sequence(NamedTuple):
@@ -360,14 +379,16 @@ def unroll(core, render, seq: Sequence):
 
 
 def keeps_final_view(args) -> bool:
-    """Whether replay stores the view that ends an episode (see Step.final_obs)."""
-    return args.time_limit_is_termination and args.learned_cumulants
+    """Whether replay stores the view that ends an episode (see Step.final_obs): learned cumulants need it where
+    episodes end by termination, which MiniHack's do (the stairs, deaths), and with --time-limit-is-termination."""
+    return args.learned_cumulants and (args.time_limit_is_termination or args.env == "minihack")
 
 
 def next_states(core, render, seq: Sequence, states, args, maps=None):
     """h_{t+1} [T-1, ...] of each transition t, for its learned cumulant phi(h_{t+1}, h_t): the next step's state;
     with --time-limit-is-termination, where the episode ended at t, the state after its final view instead (the
-    next step belongs to another episode; without the flag that transition is masked). Fruitbot: procgen renders
+    next step belongs to another episode; without the flag that transition is masked; MiniHack's terminations always
+    use it). Fruitbot: procgen renders
     the next level before it returns, so where an episode ended, that first frame (maps[t+1]) read with the state
     carried on stands for the final view, as in the original; only terminal transitions use it."""
     h_next = states[0][1:]
@@ -552,9 +573,15 @@ def batch_loss(net: USFANetwork, target_net: USFANetwork, render, batch: Sequenc
     loss = (args.sf_coeff * jnp.mean(weights * out["loss_psi"]) + args.q_coeff * jnp.mean(out["loss_q"])
             + args.phi_coeff * loss_phi)
     metrics = {"loss": loss, "loss_q": jnp.mean(out["loss_q"]), "loss_psi": jnp.mean(out["loss_psi"]),
-               "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"]),
-               "cumulant_stats": cumulant_stats(out["phi"], batch.steps.phi[:, :-1], out["valid"])}
+               "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"])}
+    if measures_cumulants(args):
+        metrics["cumulant_stats"] = cumulant_stats(out["phi"], batch.steps.phi[:, :-1], out["valid"])
     return loss, (out["priority"], metrics)
+
+
+def measures_cumulants(args: Args) -> bool:
+    """Whether metrics.csv compares the learned cumulants with the env's (MiniHack has none to compare with)."""
+    return args.learned_cumulants and args.env != "minihack"
 
 
 # =====================================================================================================================
@@ -562,7 +589,7 @@ def batch_loss(net: USFANetwork, target_net: USFANetwork, render, batch: Sequenc
 # =====================================================================================================================
 class Actor(NamedTuple):
     """Per-env acting state."""
-    env_state: object  # BabyAI: the JAX env's state; Fruitbot: the seed's index (its envs live on the host)
+    env_state: object  # BabyAI: the JAX env's state; Fruitbot, MiniHack: the seed's index (envs live on the host)
     obs: Observation  # (image, w)
     prev_action: jax.Array
     prev_reward: jax.Array
@@ -585,9 +612,9 @@ class TrainState(NamedTuple):
 
 class Setup(NamedTuple):
     """Everything static a run needs, built once from Args."""
-    env: GotoAvoid | list  # BabyAI: the JAX env; Fruitbot: one common.fruitbot.Fruitbot per seed (host envs)
-    env_params: object  # BabyAI's EnvParams (None on Fruitbot)
-    render: object  # stored observation -> RGB (BabyAI renders its symbolic view; Fruitbot stores frames)
+    env: GotoAvoid | list  # BabyAI: the JAX env; Fruitbot, MiniHack: one vectorised host env per seed
+    env_params: object  # BabyAI's EnvParams (None on host envs)
+    render: object  # stored observation -> RGB (BabyAI and MiniHack draw theirs; Fruitbot stores frames)
     static: object  # the network's non-array parts (eqx.partition)
     optimizer: optax.GradientTransformation
     buffer: object  # flashbax prioritised item buffer of Sequences
@@ -595,21 +622,33 @@ class Setup(NamedTuple):
 
 
 def make_network(args: Args, key) -> USFANetwork:
-    return USFANetwork(args, env_module(args).TASK_DIM if args.env == "fruitbot" else babyai.NUM_CATEGORIES, key)
+    return USFANetwork(args, env_module(args).TASK_DIM if args.env in HOST_ENVS else babyai.NUM_CATEGORIES, key)
 
 
-def make_fruitbot(args: Args, num_envs: int, seed: int, tasks=fruitbot.TRAIN_TASKS, num_levels: int | None = None,
-                  task_of_env=None) -> fruitbot.Fruitbot:
+def make_host_env(args: Args, num_envs: int, seed: int, tasks=None, num_levels: int | None = None, task_of_env=None):
+    """num_envs Fruitbot lifetimes or MiniHack episodes stepped together on the host (tasks: the train tasks)."""
+    tasks = env_module(args).TRAIN_TASKS if tasks is None else tasks
+    num_levels = args.train_levels if num_levels is None else num_levels
+    if args.env == "minihack":
+        return minihack.MiniHackRooms(num_envs, tasks, size=args.room_size, seed=seed, num_levels=num_levels,
+                                      task_of_env=task_of_env)
     return fruitbot.Fruitbot(num_envs, tasks, seed=seed, distribution_mode=args.distribution_mode,
-                             num_levels=args.train_levels if num_levels is None else num_levels,
-                             max_levels=args.max_levels, task_of_env=task_of_env)
+                             num_levels=num_levels, max_levels=args.max_levels, task_of_env=task_of_env)
+
+
+HOST_OBS = {"fruitbot": "image", "minihack": "tiles"}
+"""the key of a host env's observation (Fruitbot's frames, MiniHack's crops of tile indices)"""
 
 
 def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
-    """seeds: whose Fruitbot training envs to build (none: a setup for the network, losses and evaluation only)."""
-    if args.env == "fruitbot":
-        env, env_params, render = [make_fruitbot(args, args.num_envs, seed) for seed in seeds or []], None, (
-            lambda image: image)
+    """seeds: whose host training envs to build (none: a setup for the network, losses and evaluation only)."""
+    if args.env in HOST_ENVS:
+        env, env_params = [make_host_env(args, args.num_envs, seed) for seed in seeds or []], None
+        if args.env == "minihack":
+            tile_images = jnp.asarray(minihack.tile_set()[0])
+            render = partial(minihack.render, tile_images=tile_images)
+        else:
+            render = lambda image: image  # noqa: E731  (Fruitbot stores frames)
     else:
         env = GotoAvoid(obs_mode="symbolic", truncate_task_input=args.truncate_task_input)
         env_params, render = make_params(babyai.TRAIN_TASKS), env.rgb_from_symbolic
@@ -626,12 +665,13 @@ def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
 
 
 def fresh_actors(setup: Setup, args: Args, k_env, k_eps, seed_index: int = 0) -> Actor:
-    """Every env of one seed at the start of a new episode. BabyAI resets in JAX (jittable); Fruitbot resets the
-    seed's host envs (at the start of a run, and on resume: host envs are not in the checkpoint)."""
+    """Every env of one seed at the start of a new episode. BabyAI resets in JAX (jittable); Fruitbot and MiniHack
+    reset the seed's host envs (at the start of a run, and on resume: host envs are not in the checkpoint)."""
     e = args.num_envs
-    if args.env == "fruitbot":
+    if args.env in HOST_ENVS:
         reset = setup.env[seed_index].reset()
-        obs, env_state = Observation(jnp.asarray(reset["image"]), jnp.asarray(reset["w"])), jnp.int32(seed_index)
+        obs = Observation(jnp.asarray(reset[HOST_OBS[args.env]]), jnp.asarray(reset["w"]))
+        env_state = jnp.int32(seed_index)
     else:
         obs, env_state = jax.vmap(setup.env.reset, (0, None))(jax.random.split(k_env, e), setup.env_params)
     initial = (jnp.zeros(args.lstm_size),) * 2  # the LSTM's initial (h, c)
@@ -641,7 +681,7 @@ def fresh_actors(setup: Setup, args: Args, k_env, k_eps, seed_index: int = 0) ->
 
 
 def init_train_state(setup: Setup, args: Args, key, actors: Actor | None = None) -> TrainState:
-    """A new run's state; actors: the envs' start (needed on Fruitbot, whose envs reset on the host)."""
+    """A new run's state; actors: the envs' start (needed on host envs, which reset on the host)."""
     k_net, k_target, k_env, k_eps, k_run = jax.random.split(key, 5)
     params, _ = eqx.partition(make_network(args, k_net), eqx.is_inexact_array)
     # as in the original, the target network starts from its own random init until the first copy
@@ -664,7 +704,7 @@ def current_step(actors: Actor, args: Args) -> Step:
                 first=actors.first, action=actors.prev_action, reward=actors.prev_reward,
                 phi=jnp.zeros_like(actors.obs.w),
                 final_obs=jnp.zeros(actors.obs.image.shape if keeps_final_view(args) else actors.prev_action.shape
-                                    + (0,), jnp.uint8), terminal=jnp.zeros_like(actors.first))
+                                    + (0,), actors.obs.image.dtype), terminal=jnp.zeros_like(actors.first))
 
 
 def make_sequences(steps: Step, actors: Actor, start_rnn, args: Args) -> Sequence:
@@ -675,19 +715,28 @@ def make_sequences(steps: Step, actors: Actor, start_rnn, args: Args) -> Sequenc
     return Sequence(steps=jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), state=start_rnn)
 
 
-def fruitbot_step(setup: Setup, args: Args, seed_index, action):
-    """Step one seed's host Fruitbot envs from inside the jitted program (jax.experimental.io_callback). Under the
-    seed vmap JAX runs the callback once per seed, in turn; the actions of step t+1 depend on its frames, so the
-    calls of one seed stay in order."""
-    e, c = args.num_envs, fruitbot.TASK_DIM
+def host_step(setup: Setup, args: Args, seed_index, action, observation):
+    """Step one seed's host envs from inside the jitted program (jax.experimental.io_callback). Under the seed vmap
+    JAX runs the callback once per seed, in turn; the actions of step t+1 depend on its observations, so the calls
+    of one seed stay in order. Returns (obs, w, reward, terminated, truncated, phi, final view): Fruitbot gives its
+    cumulants and no final view (procgen shows the next level's first frame instead); MiniHack gives the crop the
+    step led to and no cumulants (zeros)."""
+    e, c = args.num_envs, env_module(args).TASK_DIM
+    view = jax.ShapeDtypeStruct(observation.shape, observation.dtype)
+    final_view = view if keeps_final_view(args) else jax.ShapeDtypeStruct((e, 0), observation.dtype)
 
     def host(seed_index, action):
         obs, reward, terminated, truncated, info = setup.env[int(seed_index)].step(np.asarray(action))
-        return obs["image"], obs["w"], reward, terminated, truncated, info["phi"]
+        if args.env == "minihack":
+            phi, final = np.zeros((e, c), np.float32), info["final_tiles"]
+        else:  # procgen has reset an ended level before it renders: its first frame stands for the final view
+            phi, final = info["phi"], obs["image"]
+        final = final if keeps_final_view(args) else np.zeros(final_view.shape, final_view.dtype)
+        return obs[HOST_OBS[args.env]], obs["w"], reward, terminated, truncated, phi, final
 
-    shapes = (jax.ShapeDtypeStruct((e,) + fruitbot.IMAGE_SHAPE, jnp.uint8), jax.ShapeDtypeStruct((e, c), jnp.float32),
-              jax.ShapeDtypeStruct((e,), jnp.float32), jax.ShapeDtypeStruct((e,), jnp.bool_),
-              jax.ShapeDtypeStruct((e,), jnp.bool_), jax.ShapeDtypeStruct((e, c), jnp.float32))
+    shapes = (view, jax.ShapeDtypeStruct((e, c), jnp.float32), jax.ShapeDtypeStruct((e,), jnp.float32),
+              jax.ShapeDtypeStruct((e,), jnp.bool_), jax.ShapeDtypeStruct((e,), jnp.bool_),
+              jax.ShapeDtypeStruct((e, c), jnp.float32), final_view)
     return io_callback(host, shapes, seed_index, action)
 
 
@@ -702,9 +751,10 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     q = jax.vmap(partial(q_values, net))(rnn[0], actors.obs.w)
     explore = jax.random.uniform(k_explore, (e,)) < actors.epsilon
     action = jnp.where(explore, jax.random.randint(k_action, (e,), 0, net.num_actions), jnp.argmax(q, -1))
-    if args.env == "fruitbot":
-        image, w, reward, terminated, truncated, phi = fruitbot_step(setup, args, actors.env_state, action)
-        obs, env_state, final_image = Observation(image, w), actors.env_state, None
+    if args.env in HOST_ENVS:
+        image, w, reward, terminated, truncated, phi, final_image = host_step(setup, args, actors.env_state, action,
+                                                                               actors.obs.image)
+        obs, env_state = Observation(image, w), actors.env_state
     else:  # BabyAI's episodes end by their time limit only
         obs, env_state, reward, terminated, truncated, info = jax.vmap(setup.env.step, (0, 0, 0, None))(
             jax.random.split(k_env, e), actors.env_state, action, setup.env_params)
@@ -761,7 +811,7 @@ def train_iteration(setup: Setup, args: Args, state: TrainState, _):
 
     def wait(state):
         zeros = {k: jnp.zeros(()) for k in loss_names(args)} | {"learning": jnp.zeros(())}
-        if args.learned_cumulants:
+        if measures_cumulants(args):
             zeros["cumulant_stats"] = jnp.zeros((len(CUMULANT_SUMS), env_module(args).TRAIN_TASKS.shape[1]))
         return state, zeros
 
@@ -797,11 +847,11 @@ def eval_tasks(args: Args) -> np.ndarray:
 
 def make_evaluate(setup: Setup, args: Args, tasks=None):
     """evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params, on the train and test
-    tasks (or any task vectors: results/evaluate.py). BabyAI: one jitted program; Fruitbot: greedy lifetimes on
-    unrestricted levels, the network acting for all (task, episode) envs at once, the envs on the host."""
+    tasks (or any task vectors: results/evaluate.py). BabyAI: one jitted program; Fruitbot and MiniHack: greedy
+    episodes on unrestricted levels, the network acting for all (task, episode) envs at once, the envs on the host."""
     tasks = eval_tasks(args) if tasks is None else tasks
-    if args.env == "fruitbot":
-        return make_fruitbot_evaluate(setup, args, tasks)
+    if args.env in HOST_ENVS:
+        return make_host_evaluate(setup, args, tasks)
     env = setup.env
     policies = jnp.asarray(babyai.TRAIN_TASKS)
 
@@ -837,15 +887,16 @@ def make_evaluate(setup: Setup, args: Args, tasks=None):
     return evaluate
 
 
-def make_fruitbot_evaluate(setup: Setup, args: Args, tasks):
-    policies = jnp.asarray(fruitbot.TRAIN_TASKS if args.gpi_support == "train" else fruitbot.TEST_TASKS)
+def make_host_evaluate(setup: Setup, args: Args, tasks):
+    env_tasks = env_module(args)
+    policies = jnp.asarray(env_tasks.TRAIN_TASKS if args.gpi_support == "train" else env_tasks.TEST_TASKS)
     tasks = np.asarray(tasks, np.float32)
 
     @partial(jax.jit, static_argnames="use_gpi")
     def act(params, image, w, prev_action, prev_reward, first, rnn, use_gpi: bool):
         net = eqx.combine(params, setup.static)
         rnn = reset_where(first, rnn, net.core.initial_state())
-        rnn = jax.vmap(partial(core_step, net.core))(image, prev_action, prev_reward, rnn)
+        rnn = jax.vmap(partial(core_step, net.core))(jax.vmap(setup.render)(image), prev_action, prev_reward, rnn)
         if use_gpi:
             q = jax.vmap(lambda h, w: gpi_q_values(net, h, w, policies))(rnn[0], w)
         else:
@@ -858,14 +909,15 @@ def make_fruitbot_evaluate(setup: Setup, args: Args, tasks):
         initial = eqx.combine(params, setup.static).core.initial_state()
         out = []
         for g in GPI_SETTINGS:
-            env = make_fruitbot(args, n, seed, tasks, num_levels=0,
+            env = make_host_env(args, n, seed, tasks, num_levels=0,
                                 task_of_env=np.repeat(np.arange(len(tasks)), args.eval_episodes))
             obs = env.reset()
             rnn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), initial)
             prev_action, prev_reward, first = np.zeros(n, np.int32), np.zeros(n, np.float32), np.ones(n, bool)
             returns, running = np.zeros(n, np.float32), np.ones(n, bool)
             while running.any():
-                action, rnn = act(params, obs["image"], obs["w"], prev_action, prev_reward, first, rnn, use_gpi=g == 1)
+                action, rnn = act(params, obs[HOST_OBS[args.env]], obs["w"], prev_action, prev_reward, first, rnn,
+                                  use_gpi=g == 1)
                 obs, reward, terminated, truncated, _ = env.step(np.asarray(action))
                 returns += np.where(running, reward, 0.0)
                 done = terminated | truncated
@@ -899,7 +951,7 @@ def eval_rows(evaluate, params, seeds: list[int], step: int, args: Args) -> list
 @exit_on_config_error
 def main(args: Args) -> None:
     check_args(args)
-    if args.env == "fruitbot":
+    if args.env in HOST_ENVS:
         check_memory(args)
     per_iteration = steps_per_iteration(args)
     total_iterations = -(-args.total_timesteps // per_iteration)  # at least --total-timesteps
@@ -909,13 +961,13 @@ def main(args: Args) -> None:
     setup = make_setup(args, seeds)
     keys = jnp.stack([jax.random.PRNGKey(s) for s in seeds])
 
-    def host_actors():  # Fruitbot's envs reset on the host, one seed at a time
+    def host_actors():  # host envs reset on the host, one seed at a time
         return jax.tree.map(lambda *xs: jnp.stack(xs), *[
             fresh_actors(setup, args, *jax.random.split(jax.random.fold_in(k, 1)), seed_index=i)
             for i, k in enumerate(keys)])
 
-    if args.env == "fruitbot":
-        # jitted, so that the replay of frames (tens of GB at the paper's size) is allocated once
+    if args.env in HOST_ENVS:
+        # jitted, so that the replay (Fruitbot's frames: tens of GB at the paper's size) is allocated once
         state = jax.jit(jax.vmap(lambda k, a: init_train_state(setup, args, k, a)))(keys, host_actors())
     else:
         state = jax.vmap(lambda k: init_train_state(setup, args, k))(keys)
@@ -925,7 +977,7 @@ def main(args: Args) -> None:
     print(f"{method_name(args)} network: {num_params:,} parameters (paper: {paper})", flush=True)
     if args.resume:
         state, _ = run.restore(state)
-        if args.env == "fruitbot":
+        if args.env in HOST_ENVS:
             state = state._replace(actors=host_actors())  # the host envs start new episodes (not in the checkpoint)
     if args.env == "babyai":
         state = shard_seeds(state, args.num_seeds)  # seeds in parallel over the local devices, if there are several
@@ -943,7 +995,7 @@ def main(args: Args) -> None:
     start_time, start_iteration = time.time(), iteration
     train_task_names = [format_task(w) for w in env_module(args).TRAIN_TASKS]
     fields = metric_fields(loss_names(args), train_task_names,
-                           env_module(args).TRAIN_TASKS.shape[1] * args.learned_cumulants)
+                           env_module(args).TRAIN_TASKS.shape[1] * measures_cumulants(args))
     with StopSignals() as signals, run.open_logs(fields) as logs:
         while iteration < total_iterations:
             chunk_start = time.time()

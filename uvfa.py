@@ -1,4 +1,4 @@
-"""UVFA baselines on BabyAI GotoAvoid and Procgen Fruitbot: universal value functions Q(s, a, w) learned with n-step
+"""UVFA baselines on BabyAI GotoAvoid, Procgen Fruitbot and MiniHack rooms: universal value functions Q(s, a, w) learned with n-step
 double Q-learning, in one file.
 
 - Default, UVFA (Schaul et al., 2015): one LSTM state h; Q = duelling MLP([h; w]).
@@ -10,18 +10,21 @@ double Q-learning, in one file.
   size within 1% of UVFA-FARM's.
 No method here has GPI: evaluation acts greedily on Q(s, a, w_test) (eval.csv rows with gpi = 0 only).
 
-On Fruitbot the targets go through the signed-hyperbolic value transform, as the original's UVFA family did there
+On Fruitbot and MiniHack the targets go through the signed-hyperbolic value transform, as the original's UVFA
+family did there
 (protocol.md pitfall 12): G = h(sum_i gamma^i r + gamma^n h^-1(Q_target)), h(x) = sign(x)(sqrt(|x| + 1) - 1) + 1e-3 x.
 
 The file reads top to bottom as the whole algorithm: arguments (the paper's settings for --env as defaults), the
 environment, the network and its Q head, replay items, the recurrent unroll, n-step targets and the loss, acting,
 the jitted training program, evaluation, and main (see msfa_babyai.py for the shape of the program). One training
-loop serves both environments: Fruitbot's host envs step from inside the jitted chunk through io_callback.
+loop serves every environment: Fruitbot's and MiniHack's host envs step from inside the jitted chunk through
+io_callback.
 
     python uvfa.py --seed 3                 # UVFA
     python uvfa.py --farm --seed 3          # UVFA-FARM
     python uvfa.py --modular --seed 3       # MVFA
     python uvfa.py --env fruitbot --farm --replay-size 10000 --min-replay-size 500   # on Fruitbot
+    python uvfa.py --env minihack --farm    # on MiniHack's small rooms
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ import numpy as np
 import optax
 from jax.experimental import io_callback
 
-from common import babyai, fruitbot
+from common import babyai, fruitbot, minihack
 from common.babyai import EnvParams, GotoAvoid, Observation, format_task, make_params
 from common.farm import FarmCore, apply_per_module
 from common.networks import MLP, LSTMCore, count_params, oar_vector
@@ -97,33 +100,36 @@ class Args:
     of being masked"""
 
     env: str = "babyai"
-    """environment: babyai or fruitbot (the defaults marked "default: ..." follow it)"""
+    """environment: babyai, fruitbot or minihack (the defaults marked "default: ..." follow it)"""
     distribution_mode: str = "hard"
     """Fruitbot: procgen's mode (hard: all 12 object types; easy: the original's, 4 types)"""
-    train_levels: int = fruitbot.TRAIN_LEVELS
-    """Fruitbot: training levels come from level seeds 0..train_levels-1 (0: unrestricted)"""
+    train_levels: int | None = None
+    """Fruitbot, MiniHack: training levels come from level seeds 0..train_levels-1 (0: unrestricted; default: 200 on
+    Fruitbot and MiniHack's small room, 1000 in the large room)"""
     max_levels: int = fruitbot.MAX_LEVELS
     """Fruitbot: levels per episode (lifetime)"""
+    room_size: str = "5x5"
+    """MiniHack: 5x5 (the paper's small room) or 15x15 (the large room)"""
     value_transform: str | None = None
     """the targets' value transform: identity or signed_hyperbolic (default: identity on BabyAI, signed_hyperbolic on
-    Fruitbot, as the original)"""
+    Fruitbot and MiniHack, as the original)"""
     farm: bool = False
     """UVFA-FARM: FARM module states instead of one LSTM"""
     modular: bool = False
     """MVFA: FARM module states, Q = sum_k Q^k(s^k, w^k) (implies FARM states)"""
     lstm_size: int | None = None
-    """LSTM state size (UVFA; default: 512 on BabyAI, 256 on Fruitbot)"""
-    num_modules: int = 4
-    """FARM modules (--farm, --modular)"""
+    """LSTM state size (UVFA; default: 512 on BabyAI, 256 on Fruitbot and MiniHack)"""
+    num_modules: int | None = None
+    """FARM modules (--farm, --modular; default: 4, 3 on MiniHack)"""
     module_size: int | None = None
-    """size of each module's state (--farm, --modular; default: 150 on BabyAI, 64 on Fruitbot)"""
-    attention_heads: int = 2
-    """heads of FARM's inter-module attention (--farm, --modular)"""
+    """size of each module's state (--farm, --modular; default: 150 on BabyAI, 64 on Fruitbot, 80 on MiniHack)"""
+    attention_heads: int | None = None
+    """heads of FARM's inter-module attention (--farm, --modular; default: 2, 1 on MiniHack)"""
     projection_dim: int = 16
     """channels of FARM's feature attention (--farm, --modular)"""
     q_hidden: tuple[int, ...] | None = None
     """hidden sizes of the value and advantage MLPs of the duelling head (default: 128 on BabyAI, 512 512 on
-    Fruitbot)"""
+    Fruitbot and MiniHack)"""
 
     sequence_length: int = 41
     """steps per replayed sequence (sequence period + 1)"""
@@ -165,7 +171,11 @@ class Args:
 
     def __post_init__(self):
         """Settings left at None take the paper's value for --env."""
-        for name, value in PAPER_SETTINGS.get(self.env, {}).items():
+        settings = PAPER_SETTINGS.get(self.env, {})
+        if self.env == "minihack" and self.room_size in minihack.ROOM_SIZES:
+            settings = settings | dict(total_timesteps={"5x5": 3_000_000, "15x15": 5_000_000}[self.room_size],
+                                       train_levels=minihack.TRAIN_LEVELS[self.room_size])
+        for name, value in settings.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
 
@@ -173,32 +183,39 @@ class Args:
 PAPER_SETTINGS = {
     "babyai": dict(total_timesteps=5_000_000, eval_episodes=20, eval_every=250_000, lstm_size=512, module_size=150,
                    q_hidden=(128,), replay_size=100_000, min_replay_size=100, importance_exponent=0.0,
-                   value_transform="identity"),
+                   value_transform="identity", num_modules=4, attention_heads=2),
     "fruitbot": dict(total_timesteps=10_000_000, eval_episodes=10, eval_every=500_000, lstm_size=256, module_size=64,
                      q_hidden=(512, 512), replay_size=70_000, min_replay_size=10_000, importance_exponent=0.6,
-                     value_transform="signed_hyperbolic"),
+                     value_transform="signed_hyperbolic", num_modules=4, attention_heads=2,
+                     train_levels=fruitbot.TRAIN_LEVELS),
+    "minihack": dict(eval_episodes=20, eval_every=250_000, lstm_size=256, module_size=80, q_hidden=(512, 512),
+                     replay_size=70_000, min_replay_size=100, importance_exponent=0.6,
+                     value_transform="signed_hyperbolic", num_modules=3, attention_heads=1),
 }
-ENVS = {"babyai": babyai, "fruitbot": fruitbot}
-TORSOS = {"babyai": "dqn", "fruitbot": "impala"}
+ENVS = {"babyai": babyai, "fruitbot": fruitbot, "minihack": minihack}
+TORSOS = {"babyai": "dqn", "fruitbot": "impala", "minihack": "impala"}
+HOST_ENVS = ("fruitbot", "minihack")  # C++/C games stepped on the host through io_callback
 VALUE_TRANSFORMS = ("identity", "signed_hyperbolic")
 
 
 def env_module(args: Args):
-    """common.babyai or common.fruitbot: the env's actions and tasks."""
+    """common.babyai, common.fruitbot or common.minihack: the env's actions and tasks."""
     return ENVS[args.env]
 
 
 def check_args(args: Args) -> None:
     """Refuse settings that cannot work, with one line saying what to change."""
-    require(args.env in ENVS, f"--env must be one of {', '.join(ENVS)} (MiniHack is not implemented yet), got "
-                              f"{args.env!r}")
+    require(args.env in ENVS, f"--env must be one of {', '.join(ENVS)}, got {args.env!r}")
+    require(args.env != "minihack" or args.room_size in minihack.ROOM_SIZES,
+            f"--room-size must be one of {', '.join(minihack.ROOM_SIZES)}, got {args.room_size!r}")
+    if args.env in HOST_ENVS:
+        require(not args.truncate_task_input, f"--truncate-task-input is a BabyAI setting ({args.env} tasks are whole "
+                                              f"numbers)")
+        require_non_negative(args, "train_levels")
     if args.env == "fruitbot":
-        require(not args.truncate_task_input, "--truncate-task-input is a BabyAI setting (Fruitbot tasks are whole "
-                                              "numbers)")
         require(args.distribution_mode in fruitbot.DISTRIBUTION_MODES, f"--distribution-mode must be one of "
                 f"{', '.join(fruitbot.DISTRIBUTION_MODES)}, got {args.distribution_mode!r}")
         require_positive(args, "max_levels")
-        require_non_negative(args, "train_levels")
     require(args.value_transform in VALUE_TRANSFORMS, f"--value-transform must be one of "
                                                       f"{', '.join(VALUE_TRANSFORMS)}, got {args.value_transform!r}")
     require_positive(args, "num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every",
@@ -228,12 +245,14 @@ def check_args(args: Args) -> None:
 
 
 PAPER_PARAMS = {"babyai": {"UVFA": "2.09M", "UVFA-FARM": "2.17M", "MVFA": "not reported; UVFA-FARM: 2.17M"},
-                "fruitbot": {"UVFA": "1.96M", "UVFA-FARM": "2.15M", "MVFA": "not reported; UVFA-FARM: 2.15M"}}
+                "fruitbot": {"UVFA": "1.96M", "UVFA-FARM": "2.15M", "MVFA": "not reported; UVFA-FARM: 2.15M"},
+                "minihack": {"UVFA": "1.95M", "UVFA-FARM": "2.06M", "MVFA": "not reported; UVFA-FARM: 2.06M"}}
 
 
 def replay_bytes(args: Args) -> int:
-    """Memory replay takes per seed (Fruitbot: one 64x64x3 uint8 frame per step dominates)."""
-    obs = int(np.prod(fruitbot.IMAGE_SHAPE if args.env == "fruitbot" else (5, 5, 3)))
+    """Memory replay takes per seed (Fruitbot: one 64x64x3 uint8 frame per step dominates; MiniHack: a crop of int16
+    tile indices)."""
+    obs = {"fruitbot": int(np.prod(fruitbot.IMAGE_SHAPE)), "minihack": 2 * minihack.CROP**2}.get(args.env, 75)
     return args.replay_size * args.sequence_length * (obs + 4 * (fruitbot.TASK_DIM + 3) + 2)
 
 
@@ -325,15 +344,16 @@ def q_values(net, h, w):
 # Replay items and the recurrent unroll
 # =====================================================================================================================
 class Step(NamedTuple):
-    obs: jax.Array  # uint8: BabyAI's symbolic view [5, 5, 3] (rendered to RGB by the network's caller), or Fruitbot's
-    #                 frame [64, 64, 3]
+    obs: jax.Array  # BabyAI's symbolic view uint8 [5, 5, 3] or MiniHack's crop of tile indices int16 [9, 9]
+    #                 (rendered to RGB by the network's caller), or Fruitbot's frame uint8 [64, 64, 3]
     w: jax.Array  # float32 [C], the task as the agent sees it
     prev_action: jax.Array  # int32
     prev_reward: jax.Array  # float32
     first: jax.Array  # bool: obs starts an episode (the recurrent state is reset before it)
     action: jax.Array  # int32, taken at obs
     reward: jax.Array  # float32, received for action
-    terminal: jax.Array  # bool: action ended the episode by termination (Fruitbot: a barrier or the last level)
+    terminal: jax.Array  # bool: action ended the episode by termination (Fruitbot: a barrier or the last level;
+    #                      MiniHack: the stairs or a death)
 
 
 class Sequence(NamedTuple):
@@ -530,18 +550,29 @@ def make_network(args: Args, key) -> UVFANetwork:
     return UVFANetwork(args, env_module(args).TRAIN_TASKS.shape[1], key)
 
 
-def make_fruitbot(args: Args, num_envs: int, seed: int, tasks=fruitbot.TRAIN_TASKS, num_levels: int | None = None,
-                  task_of_env=None) -> fruitbot.Fruitbot:
+def make_host_env(args: Args, num_envs: int, seed: int, tasks=None, num_levels: int | None = None, task_of_env=None):
+    """num_envs Fruitbot lifetimes or MiniHack episodes stepped together on the host (tasks: the train tasks)."""
+    tasks = env_module(args).TRAIN_TASKS if tasks is None else tasks
+    num_levels = args.train_levels if num_levels is None else num_levels
+    if args.env == "minihack":
+        return minihack.MiniHackRooms(num_envs, tasks, size=args.room_size, seed=seed, num_levels=num_levels,
+                                      task_of_env=task_of_env)
     return fruitbot.Fruitbot(num_envs, tasks, seed=seed, distribution_mode=args.distribution_mode,
-                             num_levels=args.train_levels if num_levels is None else num_levels,
-                             max_levels=args.max_levels, task_of_env=task_of_env)
+                             num_levels=num_levels, max_levels=args.max_levels, task_of_env=task_of_env)
+
+
+HOST_OBS = {"fruitbot": "image", "minihack": "tiles"}
+"""the key of a host env's observation (Fruitbot's frames, MiniHack's crops of tile indices)"""
 
 
 def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
-    """seeds: whose Fruitbot training envs to build (none: a setup for the network, loss and evaluation only)."""
-    if args.env == "fruitbot":
-        env, env_params, render = [make_fruitbot(args, args.num_envs, seed) for seed in seeds or []], None, (
-            lambda image: image)
+    """seeds: whose host training envs to build (none: a setup for the network, loss and evaluation only)."""
+    if args.env in HOST_ENVS:
+        env, env_params = [make_host_env(args, args.num_envs, seed) for seed in seeds or []], None
+        if args.env == "minihack":
+            render = partial(minihack.render, tile_images=jnp.asarray(minihack.tile_set()[0]))
+        else:
+            render = lambda image: image  # noqa: E731  (Fruitbot stores frames)
     else:
         env = GotoAvoid(obs_mode="symbolic", truncate_task_input=args.truncate_task_input)
         env_params, render = make_params(babyai.TRAIN_TASKS), env.rgb_from_symbolic
@@ -558,12 +589,13 @@ def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
 
 
 def fresh_actors(setup: Setup, args: Args, k_env, k_eps, seed_index: int = 0) -> Actor:
-    """Every env of one seed at the start of a new episode. BabyAI resets in JAX (jittable); Fruitbot resets the
-    seed's host envs (at the start of a run, and on resume: host envs are not in the checkpoint)."""
+    """Every env of one seed at the start of a new episode. BabyAI resets in JAX (jittable); Fruitbot and MiniHack
+    reset the seed's host envs (at the start of a run, and on resume: host envs are not in the checkpoint)."""
     e = args.num_envs
-    if args.env == "fruitbot":
+    if args.env in HOST_ENVS:
         reset = setup.env[seed_index].reset()
-        obs, env_state = Observation(jnp.asarray(reset["image"]), jnp.asarray(reset["w"])), jnp.int32(seed_index)
+        obs = Observation(jnp.asarray(reset[HOST_OBS[args.env]]), jnp.asarray(reset["w"]))
+        env_state = jnp.int32(seed_index)
     else:
         obs, env_state = jax.vmap(setup.env.reset, (0, None))(jax.random.split(k_env, e), setup.env_params)
     shape = (args.num_modules, args.module_size) if args.farm or args.modular else (args.lstm_size,)
@@ -574,7 +606,7 @@ def fresh_actors(setup: Setup, args: Args, k_env, k_eps, seed_index: int = 0) ->
 
 
 def init_train_state(setup: Setup, args: Args, key, actors: Actor | None = None) -> TrainState:
-    """A new run's state; actors: the envs' start (needed on Fruitbot, whose envs reset on the host)."""
+    """A new run's state; actors: the envs' start (needed on host envs, which reset on the host)."""
     k_net, k_target, k_env, k_eps, k_run = jax.random.split(key, 5)
     params, _ = eqx.partition(make_network(args, k_net), eqx.is_inexact_array)
     # as in the original, the target network starts from its own random init until the first copy
@@ -606,17 +638,17 @@ def make_sequences(steps: Step, actors: Actor, start_rnn) -> Sequence:
     return Sequence(steps=jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), state=start_rnn)
 
 
-def fruitbot_step(setup: Setup, args: Args, seed_index, action):
-    """Step one seed's host Fruitbot envs from inside the jitted program (jax.experimental.io_callback). Under the
-    seed vmap JAX runs the callback once per seed, in turn; the actions of step t+1 depend on its frames, so the
-    calls of one seed stay in order."""
-    e, c = args.num_envs, fruitbot.TASK_DIM
+def host_step(setup: Setup, args: Args, seed_index, action, observation):
+    """Step one seed's host envs from inside the jitted program (jax.experimental.io_callback). Under the seed vmap
+    JAX runs the callback once per seed, in turn; the actions of step t+1 depend on its observations, so the calls
+    of one seed stay in order."""
+    e, c = args.num_envs, env_module(args).TASK_DIM
 
     def host(seed_index, action):
         obs, reward, terminated, truncated, _ = setup.env[int(seed_index)].step(np.asarray(action))
-        return obs["image"], obs["w"], reward, terminated, truncated
+        return obs[HOST_OBS[args.env]], obs["w"], reward, terminated, truncated
 
-    shapes = (jax.ShapeDtypeStruct((e,) + fruitbot.IMAGE_SHAPE, jnp.uint8), jax.ShapeDtypeStruct((e, c), jnp.float32),
+    shapes = (jax.ShapeDtypeStruct(observation.shape, observation.dtype), jax.ShapeDtypeStruct((e, c), jnp.float32),
               jax.ShapeDtypeStruct((e,), jnp.float32), jax.ShapeDtypeStruct((e,), jnp.bool_),
               jax.ShapeDtypeStruct((e,), jnp.bool_))
     return io_callback(host, shapes, seed_index, action)
@@ -633,8 +665,8 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     q = jax.vmap(partial(q_values, net))(rnn[0], actors.obs.w)
     explore = jax.random.uniform(k_explore, (e,)) < actors.epsilon
     action = jnp.where(explore, jax.random.randint(k_action, (e,), 0, net.core.num_actions), jnp.argmax(q, -1))
-    if args.env == "fruitbot":
-        image, w, reward, terminated, truncated = fruitbot_step(setup, args, actors.env_state, action)
+    if args.env in HOST_ENVS:
+        image, w, reward, terminated, truncated = host_step(setup, args, actors.env_state, action, actors.obs.image)
         obs, env_state = Observation(image, w), actors.env_state
     else:  # BabyAI's episodes end by their time limit only
         obs, env_state, reward, terminated, truncated, _ = jax.vmap(setup.env.step, (0, 0, 0, None))(
@@ -722,11 +754,11 @@ def eval_tasks(args: Args) -> np.ndarray:
 
 def make_evaluate(setup: Setup, args: Args, tasks=None):
     """evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params, on the train and test
-    tasks (or any task vectors: results/evaluate.py). BabyAI: one jitted program; Fruitbot: greedy lifetimes on
-    unrestricted levels, the network acting for all (task, episode) envs at once, the envs on the host."""
+    tasks (or any task vectors: results/evaluate.py). BabyAI: one jitted program; Fruitbot and MiniHack: greedy
+    episodes on unrestricted levels, the network acting for all (task, episode) envs at once, the envs on the host."""
     tasks = eval_tasks(args) if tasks is None else tasks
-    if args.env == "fruitbot":
-        return make_fruitbot_evaluate(setup, args, tasks)
+    if args.env in HOST_ENVS:
+        return make_host_evaluate(setup, args, tasks)
     env = setup.env
 
     def episode_return(params, key, w):
@@ -757,20 +789,20 @@ def make_evaluate(setup: Setup, args: Args, tasks=None):
     return evaluate
 
 
-def make_fruitbot_evaluate(setup: Setup, args: Args, tasks):
+def make_host_evaluate(setup: Setup, args: Args, tasks):
     tasks = np.asarray(tasks, np.float32)
 
     @jax.jit
     def act(params, image, w, prev_action, prev_reward, first, rnn):
         net = eqx.combine(params, setup.static)
         rnn = reset_where(first, rnn, net.core.initial_state())
-        rnn = jax.vmap(partial(core_step, net.core))(image, prev_action, prev_reward, rnn)
+        rnn = jax.vmap(partial(core_step, net.core))(jax.vmap(setup.render)(image), prev_action, prev_reward, rnn)
         return jnp.argmax(jax.vmap(partial(q_values, net))(rnn[0], w), -1), rnn
 
     def evaluate(params, key):
         seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
         n = len(tasks) * args.eval_episodes
-        env = make_fruitbot(args, n, seed, tasks, num_levels=0,
+        env = make_host_env(args, n, seed, tasks, num_levels=0,
                             task_of_env=np.repeat(np.arange(len(tasks)), args.eval_episodes))
         obs = env.reset()
         rnn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape),
@@ -778,7 +810,7 @@ def make_fruitbot_evaluate(setup: Setup, args: Args, tasks):
         prev_action, prev_reward, first = np.zeros(n, np.int32), np.zeros(n, np.float32), np.ones(n, bool)
         returns, running = np.zeros(n, np.float32), np.ones(n, bool)
         while running.any():
-            action, rnn = act(params, obs["image"], obs["w"], prev_action, prev_reward, first, rnn)
+            action, rnn = act(params, obs[HOST_OBS[args.env]], obs["w"], prev_action, prev_reward, first, rnn)
             obs, reward, terminated, truncated, _ = env.step(np.asarray(action))
             returns += np.where(running, reward, 0.0)
             done = terminated | truncated
@@ -811,7 +843,7 @@ def eval_rows(evaluate, params, seeds: list[int], step: int, args: Args) -> list
 @exit_on_config_error
 def main(args: Args) -> None:
     check_args(args)
-    if args.env == "fruitbot":
+    if args.env in HOST_ENVS:
         check_memory(args)
     per_iteration = steps_per_iteration(args)
     total_iterations = -(-args.total_timesteps // per_iteration)  # at least --total-timesteps
@@ -821,13 +853,13 @@ def main(args: Args) -> None:
     setup = make_setup(args, seeds)
     keys = jnp.stack([jax.random.PRNGKey(s) for s in seeds])
 
-    def host_actors():  # Fruitbot's envs reset on the host, one seed at a time
+    def host_actors():  # host envs reset on the host, one seed at a time
         return jax.tree.map(lambda *xs: jnp.stack(xs), *[
             fresh_actors(setup, args, *jax.random.split(jax.random.fold_in(k, 1)), seed_index=i)
             for i, k in enumerate(keys)])
 
-    if args.env == "fruitbot":
-        # jitted, so that the replay of frames (tens of GB at the paper's size) is allocated once
+    if args.env in HOST_ENVS:
+        # jitted, so that the replay (Fruitbot's frames: tens of GB at the paper's size) is allocated once
         state = jax.jit(jax.vmap(lambda k, a: init_train_state(setup, args, k, a)))(keys, host_actors())
     else:
         state = jax.vmap(lambda k: init_train_state(setup, args, k))(keys)
@@ -836,7 +868,7 @@ def main(args: Args) -> None:
     print(f"{method_name(args)} network: {num_params:,} parameters (paper: {paper})", flush=True)
     if args.resume:
         state, _ = run.restore(state)
-        if args.env == "fruitbot":
+        if args.env in HOST_ENVS:
             state = state._replace(actors=host_actors())  # the host envs start new episodes (not in the checkpoint)
     if args.env == "babyai":
         state = shard_seeds(state, args.num_seeds)  # seeds in parallel over the local devices, if there are several

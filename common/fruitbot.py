@@ -35,7 +35,6 @@ from __future__ import annotations
 import struct
 
 import numpy as np
-from procgen import ProcgenGym3Env
 
 from common.run import require
 
@@ -158,6 +157,10 @@ class Fruitbot:
         # replays run from the last state read: read one at least every cache_every steps to keep them short (they
         # run at every level end when the final view is asked for, otherwise about once in 200 level ends)
         self.cache_every = cache_every or (8 if final_view else 256)
+        # imported here, not at the top: the module's constants and state layout need no procgen (usfa.py and uvfa.py
+        # import this module for every env, also on machines without procgen)
+        from procgen import ProcgenGym3Env
+
         options = dict(env_name="fruitbot", distribution_mode=distribution_mode, num_levels=num_levels,
                        start_level=start_level, num_threads=num_threads)
         self.game = ProcgenGym3Env(num=num_envs, rand_seed=seed, **options)

@@ -28,13 +28,13 @@ import functools
 import pickle
 from importlib import resources
 
-import gymnasium as gym
 import jax.numpy as jnp
-import minihack  # noqa: F401  (registers the MiniHack-* gymnasium ids)
 import numpy as np
-from nle import nethack
 
 from common.run import require
+
+# NLE and MiniHack are imported where an env or the tile set is made, not here: the module's constants and `render`
+# need neither (usfa.py and uvfa.py import this module for every env, also on machines without NLE)
 
 NUM_ACTIONS = 8  # MiniHack navigation's compass directions: N, E, S, W, NE, SE, SW, NW
 TASK_DIM = 3
@@ -73,6 +73,7 @@ def format_task(w) -> str:
 def tile_set() -> tuple[np.ndarray, np.ndarray]:
     """MiniHack's tile images and glyph map: (images uint8 [num_tiles, 16, 16, 3], glyph_to_tile int16 [MAX_GLYPH])."""
     from minihack.tiles import glyph2tile
+    from nle import nethack
 
     with resources.files("minihack").joinpath("tiles", "tiles.pkl").open("rb") as f:
         tiles = pickle.load(f)  # {tile index: [16, 16, 3] uint8}, written by MiniHack's own build
@@ -153,6 +154,9 @@ class MiniHackRooms:
     def _room(self, i: int, task: int):
         env = self.envs[i].get(task)
         if env is None:
+            import gymnasium as gym
+            import minihack  # noqa: F401  (registers the MiniHack-* gymnasium ids)
+
             made = gym.make(self.room_ids[task], observation_keys=("glyphs_crop",), penalty_step=0.0)
             env = self.envs[i][task] = made.unwrapped  # no gymnasium checkers on the hot path
         return env

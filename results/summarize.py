@@ -31,11 +31,13 @@ class Args:
 
 
 def run_env(run_dir: Path) -> str:
-    """The environment a run trained on, from its config.json: --env where the script has it, msfa_fruitbot.py's
-    runs by their Fruitbot settings, else BabyAI."""
+    """The environment a run trained on, from its config.json: --env where the script has it, msfa_fruitbot.py's and
+    msfa_minihack.py's runs by their env settings, else BabyAI."""
     config = run_dir / "config.json"
     saved = json.loads(config.read_text()).get("args", {}) if config.exists() else {}
-    return saved.get("env") or ("fruitbot" if "distribution_mode" in saved else "babyai")
+    if saved.get("env"):
+        return saved["env"]
+    return "minihack" if "room_size" in saved else "fruitbot" if "distribution_mode" in saved else "babyai"
 
 
 def env_tasks(run_dirs) -> tuple[np.ndarray, np.ndarray]:
@@ -46,6 +48,10 @@ def env_tasks(run_dirs) -> tuple[np.ndarray, np.ndarray]:
         from common import fruitbot
 
         return fruitbot.TRAIN_TASKS, fruitbot.TEST_TASKS
+    if envs == {"minihack"}:
+        from common import minihack
+
+        return minihack.TRAIN_TASKS, minihack.TEST_TASKS
     return babyai.TRAIN_TASKS, babyai.TEST_TASKS
 
 
@@ -85,8 +91,9 @@ def main(args: Args) -> None:
         r, rse = random_policy_returns(tasks, args.episodes)
         for w, a, b, c, d in zip(tasks, o, ose, r, rse):
             oracle[format_task(w)], rand[format_task(w)] = f"{a:.2f} ± {b:.2f}", f"{c:.2f} ± {d:.2f}"
+    env = run_env(Path(args.run_dir))
     references = (f"references over {args.episodes} episodes" if babyai_run else
-                  "Fruitbot has no oracle: its random and scripted references are `python -m common.fruitbot`")
+                  f"{env} has no oracle here: its random references are `python -m common.{env}`")
     print(f"Greedy return at step {step:,}, mean ± s.e. over {seeds} seed(s) of each seed's mean; {references}.\n")
     print("| split | task | GPI | no GPI | BFS oracle | random |")
     print("|---|---|---:|---:|---:|---:|")

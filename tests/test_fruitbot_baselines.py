@@ -83,7 +83,7 @@ def test_signed_hyperbolic_targets_hand_worked():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(env="minihack"), "--env must be one of babyai, fruitbot"),
+    (dict(env="atari"), "--env must be one of babyai, fruitbot, minihack"),
     (dict(env="fruitbot", truncate_task_input=True), "--truncate-task-input is a BabyAI setting"),
     (dict(gpi_support="test"), "--gpi-support test is the original's Fruitbot evaluator"),
     (dict(env="fruitbot", distribution_mode="medium"), "--distribution-mode must be one of"),

@@ -12,11 +12,14 @@ def fake_run(tmp_path, name, method, steps, gpi_settings, value, env="babyai"):
     """A run directory with config.json and an eval.csv whose return is value + seed + gpi on every task of env."""
     if env == "fruitbot":
         from common.fruitbot import TEST_TASKS, TRAIN_TASKS
+    elif env == "minihack":
+        from common.minihack import TEST_TASKS, TRAIN_TASKS
     else:
         from common.babyai import TEST_TASKS, TRAIN_TASKS
     d = tmp_path / name
     d.mkdir()
-    saved = {"distribution_mode": "hard"} if env == "fruitbot" else {}  # how msfa_fruitbot.py's runs are told apart
+    # how msfa_fruitbot.py's and msfa_minihack.py's runs are told apart
+    saved = {"fruitbot": {"distribution_mode": "hard"}, "minihack": {"room_size": "5x5"}}.get(env, {})
     (d / "config.json").write_text(json.dumps({"method": method, "args": saved}))
     with (d / "eval.csv").open("w", newline="") as f:
         writer = csv.writer(f)
@@ -87,7 +90,10 @@ def test_the_tools_read_a_fruitbot_runs_tasks_and_refuse_mixed_environments(tmp_
     fruitbot = fake_run(tmp_path, "fb", "MSFA", (10,), (0, 1), 1.0, env="fruitbot")
     summarize.main(summarize.Args(run_dir=fruitbot))
     out = capsys.readouterr().out
-    assert "| test | 1,-1,-1,-1 | 3.50 ± 0.50 | 2.50 ± 0.50 | - | - |" in out and "Fruitbot has no oracle" in out
+    assert "| test | 1,-1,-1,-1 | 3.50 ± 0.50 | 2.50 ± 0.50 | - | - |" in out and "fruitbot has no oracle here" in out
+    summarize.main(summarize.Args(run_dir=fake_run(tmp_path, "mh", "MSFA", (10,), (0, 1), 1.0, env="minihack")))
+    out = capsys.readouterr().out
+    assert "| test | 1,1,1 | 3.50 ± 0.50 | 2.50 ± 0.50 | - | - |" in out and "| train | 0,0,1 |" in out
     plot.main(plot.Args(run_dirs=(fruitbot,), out=str(tmp_path / "figures"), reference_episodes=100))
     assert "IQM MSFA: 3.500 " in capsys.readouterr().out  # 6 Fruitbot test tasks, no BabyAI references
     babyai = fake_run(tmp_path, "ba", "MSFA", (10,), (0, 1), 1.0)

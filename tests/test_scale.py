@@ -112,3 +112,15 @@ def test_parameter_archives_share_the_six_slots(methods, expected, tmp_path, mon
         assert "params_msfa_3.tar.gz" in archives and "params_usfa_learned_4.tar.gz" not in archives
         with tarfile.open(out / "params_usfa_learned_2.tar.gz") as tar:
             assert tar.getnames() == ["usfa_learned/params_seed2.eqx"]
+
+
+def test_the_babyai_scripts_import_without_procgen_or_nle():
+    """The lent GPU machine has neither procgen nor NLE (results/babyai/gpu_run.sh carries BabyAI's wheels only):
+    every script that runs BabyAI must import, and make its BabyAI settings, without them."""
+    code = ("import sys\n"
+            "for name in ('procgen', 'gym3', 'nle', 'minihack'):\n"
+            "    sys.modules[name] = None\n"
+            "import msfa_babyai, usfa, uvfa\n"
+            "usfa.check_args(usfa.Args(learned_cumulants=True)); uvfa.check_args(uvfa.Args(farm=True))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
