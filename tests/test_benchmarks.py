@@ -14,3 +14,13 @@ def test_learner_benchmark_batch_is_a_valid_replay_item(name):
     batch = jax.eval_shape(lambda key: learner.random_batch(script, args, key), jax.random.PRNGKey(0))
     assert set(batch.steps._fields) == set(script.Step._fields)
     assert batch.steps.obs.shape[:2] == (args.batch_size, args.sequence_length)
+
+
+def test_minihack_benchmark_runs_its_env_rows(capsys):
+    """The MiniHack observation benchmark's env rows on a few steps (the training-loop row compiles the Impala
+    network: left to the benchmark itself)."""
+    from benchmarks import minihack_env
+
+    minihack_env.main(minihack_env.Args(num_envs=4, steps=3, repeats=1, train_loop=False))
+    out = capsys.readouterr().out
+    assert "NLE + pixel_crop" in out and "tile crops + jitted render" in out

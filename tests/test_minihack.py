@@ -5,6 +5,7 @@ import cv2
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
+import minihack  # noqa: F401  (registers the MiniHack-* gymnasium ids)
 import numpy as np
 import pytest
 
