@@ -741,6 +741,7 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
                 done = terminated | truncated
                 running &= ~done
                 prev_action, prev_reward, first = np.where(done, 0, action), np.where(done, 0.0, reward), done
+            env.close()  # the evaluation's own envs (one per task and episode) are not kept
             out.append(returns.reshape(len(tasks), args.eval_episodes))
         return np.stack(out)
 

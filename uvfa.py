@@ -816,6 +816,7 @@ def make_host_evaluate(setup: Setup, args: Args, tasks):
             done = terminated | truncated
             running &= ~done
             prev_action, prev_reward, first = np.where(done, 0, action), np.where(done, 0.0, reward), done
+        env.close()  # the evaluation's own envs (one per task and episode) are not kept
         return returns.reshape(1, len(tasks), args.eval_episodes)
 
     return evaluate

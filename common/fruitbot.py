@@ -280,6 +280,11 @@ class Fruitbot:
             self.w[done] = self._draw_tasks(np.flatnonzero(done))
         return {"image": ob["rgb"], "w": self.w}, reward, terminated, truncated, info
 
+    def close(self):
+        """Free the procgen games (the game and the scratch env)."""
+        self.game.close()
+        self.scratch.close()
+
 
 # ---------------------------------------------------------------------------------------------------------------------
 # A scripted reference policy that reads the game state: it completes levels, it does not choose objects
