@@ -155,6 +155,6 @@ def test_ablation_module_sizes_are_the_papers():
 @pytest.mark.parametrize("script", [usfa, uvfa])
 def test_unknown_env_stops_with_one_line(script, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        script.main(script.Args(env="minihack"))
+        script.main(script.Args(env="atari"))
     err = capsys.readouterr().err.strip().splitlines()
-    assert exit_info.value.code == 2 and len(err) == 1 and "--env must be one of babyai, fruitbot" in err[0]
+    assert exit_info.value.code == 2 and len(err) == 1 and "--env must be one of babyai, fruitbot, minihack" in err[0]
