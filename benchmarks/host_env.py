@@ -59,10 +59,10 @@ class Policy(eqx.Module):
         return jnp.where(explore, jax.random.randint(jax.random.fold_in(key, 1), (), 0, NUM_ACTIONS), jnp.argmax(q))
 
 
-def train_loop_sps(args: Args) -> float:
-    """Env steps/s of msfa_fruitbot.py's own jitted chunk (act through io_callback, insert, SGD at the given replay
-    ratio), paper network sizes, a small replay; median over the repeats of one iteration each."""
-    import msfa_fruitbot as script  # a benchmark may import a script; scripts never import each other
+def train_loop_sps(script, args) -> float:
+    """Env steps/s of a host-env script's own jitted chunk (msfa_fruitbot.py, msfa_minihack.py: act through
+    io_callback, insert, SGD at args.samples_per_insert), paper network sizes, a small replay; median over
+    args.repeats of one iteration each."""
     run_args = script.Args(num_envs=args.num_envs, samples_per_insert=args.samples_per_insert, replay_size=200,
                            min_replay_size=args.num_envs)
     setup = script.make_setup(run_args, [1])
@@ -153,7 +153,9 @@ def main(args: Args) -> None:
         base = base or sps
         print(f"  {name:34s} {sps:9,.0f} env steps/s  = {sps / base:5.2f} x raw")
     if args.train_loop:
-        sps = train_loop_sps(args)
+        import msfa_fruitbot  # a benchmark may import a script; scripts never import each other
+
+        sps = train_loop_sps(msfa_fruitbot, args)
         print(f"  {'msfa_fruitbot.py training loop':34s} {sps:9,.0f} env steps/s  = {sps / base:5.2f} x raw "
               f"({args.num_envs} envs, replay ratio {args.samples_per_insert:g}, batch 8 x 41)")
     print(f"  cumulant reads: get_state on {env.stats['state_reads'] / env.stats['steps']:.1%} of env steps, "

@@ -15,7 +15,6 @@ row from the same run):
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import cv2
@@ -26,6 +25,7 @@ import minihack  # noqa: F401  (registers the MiniHack-* gymnasium ids)
 import numpy as np
 import tyro
 
+from benchmarks.host_env import timed, train_loop_sps
 from common.minihack import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, MiniHackRooms, render, room_id, tile_set
 
 TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])
@@ -43,34 +43,6 @@ class Args:
     """also time msfa_minihack.py's whole training loop (one iteration per call: slow on a CPU)"""
     samples_per_insert: float = 6.0
     """the training loop's replay ratio (the paper's: 6)"""
-
-
-def timed(run, repeats: int) -> float:
-    run()  # warm-up (and compilation)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
-def train_loop_sps(args: Args) -> float:
-    """Env steps/s of msfa_minihack.py's own jitted chunk, paper network sizes; median of one iteration each."""
-    import msfa_minihack as script  # a benchmark may import a script; scripts never import each other
-    run_args = script.Args(num_envs=args.num_envs, samples_per_insert=args.samples_per_insert, replay_size=200,
-                           min_replay_size=args.num_envs)
-    setup = script.make_setup(run_args, [1])
-    actors = jax.tree.map(lambda x: x[None], script.fresh_actors(setup, run_args, 0, jax.random.PRNGKey(1)))
-    state = jax.vmap(lambda k, a: script.init_train_state(setup, run_args, k, a))(jax.random.PRNGKey(0)[None], actors)
-    chunk = script.make_train_chunk(setup, run_args, 1)
-    holder = {"state": chunk(state)[0]}  # fills replay past min_replay_size and compiles
-
-    def run():
-        holder["state"], metrics = chunk(holder["state"])
-        jax.block_until_ready(metrics)
-
-    return script.steps_per_iteration(run_args) / timed(run, args.repeats)
 
 
 def main(args: Args) -> None:
@@ -115,7 +87,9 @@ def main(args: Args) -> None:
         base = base or sps
         print(f"  {name:34s} {sps:9,.0f} env steps/s  = {sps / base:5.2f} x pixel_crop")
     if args.train_loop:
-        sps = train_loop_sps(args)
+        import msfa_minihack  # a benchmark may import a script; scripts never import each other
+
+        sps = train_loop_sps(msfa_minihack, args)
         print(f"  {'msfa_minihack.py training loop':34s} {sps:9,.0f} env steps/s  = {sps / base:5.2f} x pixel_crop "
               f"({n} envs, replay ratio {args.samples_per_insert:g}, batch 8 x 41)")
 

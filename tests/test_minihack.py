@@ -9,8 +9,7 @@ import minihack  # noqa: F401  (registers the MiniHack-* gymnasium ids)
 import numpy as np
 import pytest
 
-from common import minihack
-from common.minihack import (ABORTED, CROP, NUM_ACTIONS, TEST_TASKS, TIME_LIMIT, TRAIN_TASKS, MiniHackRooms, render,
+from common.minihack import (CROP, NUM_ACTIONS, TEST_TASKS, TIME_LIMIT, TRAIN_TASKS, MiniHackRooms, render,
                              tile_set)
 from common.run import ConfigError
 
@@ -109,8 +108,6 @@ def test_the_time_limit_is_a_truncation_at_exactly_the_limit_and_the_next_episod
             assert info["success"][i] and reward[i] == 1.0 and length[i] < TIME_LIMIT["5x5"]
         length[terminated | truncated] = 0
     assert limits >= 6
-    # the env reports NLE's own verdict: ABORTED is the time limit
-    assert minihack.ABORTED == ABORTED == -1
 
 
 def test_a_death_is_a_termination_with_reward_zero():
