@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -62,8 +61,7 @@ def finished(tmp_path_factory):
 # ------------------------------------------------------------------------------------------ Ctrl-C, then resume
 def test_sigint_at_a_random_moment_then_resume_gives_the_uninterrupted_run(tmp_path):
     total = ["--total-timesteps", str(64 * 150), "--log-every", "64", "--eval-every", "100000", "--seed", "5"]
-    env = os.environ | {"JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(), "msfa-jax-test-xla-cache"),
-                        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1", "PYTHONPATH": str(ROOT)}
+    env = os.environ | {"PYTHONPATH": str(ROOT)}  # with conftest.py's compilation cache
     run_dir = tmp_path / "interrupted"
     command = [sys.executable, "msfa_babyai.py", *FLAGS, *total, "--run-dir", str(run_dir)]
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,8 +24,8 @@ TINY = ["--num-envs", "4", "--sequence-period", "8", "--sequence-length", "9", "
         "--eval-episodes", "2"]
 SMALL_NET = ["--num-modules", "2", "--module-size", "16", "--attention-heads", "1", "--psi-hidden", "8",
              "--phi-hidden", "8"]
-CACHE = {"JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(), "msfa-jax-test-xla-cache"),
-         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1"}
+CACHE = {k: os.environ[k] for k in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
+"""the compilation cache of this test process (conftest.py), for the runs it starts as subprocesses"""
 
 
 def read(path: Path):
