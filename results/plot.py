@@ -7,7 +7,8 @@
   standard error over seeds.
 - test_tasks.png (the paper's Figure 3 layout): per test task, every method's return at the latest step all runs
   evaluated (mean ± s.e. over seeds; GPI where the method has it), with the BFS oracle's and random play's returns
-  as reference lines (--reference-episodes 0 leaves them out).
+  as reference lines (BabyAI; for MiniHack random play's success rate, on the learning curves too;
+  --reference-episodes 0 leaves them out).
 - modularity.png (the paper's Figure 4a), when two or more MSFA variants are given: the same layout for MSFA and its
   entangled-phi/psi ablations alone.
 - gpi_ablation.png (Figure 4b): per SF method, the mean test-task return with GPI over the train tasks and acting
@@ -20,6 +21,7 @@ The runs are read from their eval.csv and config.json (the method's name); each 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +41,7 @@ class Args:
     out: str = "figures"
     """folder the PNG files go to"""
     reference_episodes: int = 100
-    """episodes per task for the BFS-oracle and random references (0: none)"""
+    """episodes per task for the references (0: none): BabyAI's BFS oracle and random play, MiniHack's random play"""
 
 
 def mean_se(per_seed: np.ndarray) -> tuple[float, float]:
@@ -73,7 +75,11 @@ def main(args: Args) -> None:
     require(args.reference_episodes >= 0, f"--reference-episodes must not be negative, got {args.reference_episodes}")
     tables = {d: read_eval(d) for d in runs}
     train_tasks, test_tasks = env_tasks(runs)
-    babyai_runs = run_env(runs[0]) == "babyai"  # the BFS-oracle references exist for BabyAI only
+    env = run_env(runs[0])
+    babyai_runs = env == "babyai"  # the BFS-oracle references exist for BabyAI only
+    random_lines = None  # MiniHack: random play's success rate (train rooms, test room), drawn on the curves
+    if args.reference_episodes and env == "minihack":
+        random_lines = minihack_random_success(runs[0], train_tasks, test_tasks, args.reference_episodes)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     seeds = sorted({len(v) for t in tables.values() for v in t.values()})
@@ -92,6 +98,10 @@ def main(args: Args) -> None:
                 se = np.array([e for _, (_, e) in points])
                 line, = ax.plot(steps, mean, label=label(d) + ("" if ax is axes[0] or g else " (no GPI)"))
                 ax.fill_between(steps, mean - se, mean + se, color=line.get_color(), alpha=0.2)
+    if random_lines is not None:
+        for ax, rand in zip(axes, random_lines):
+            ax.axhline(np.mean(rand), color="grey", linestyle=":",
+                       label=f"random play ({args.reference_episodes} episodes per task)")
     axes[0].set_title("train tasks (no GPI)")
     axes[1].set_title("test tasks (GPI where the method has it)")
     for ax in axes:
@@ -113,7 +123,7 @@ def main(args: Args) -> None:
         references = (bfs_oracle_returns(test_tasks, args.reference_episodes)[0],
                       random_policy_returns(test_tasks, args.reference_episodes)[0])
     written = ["learning_curves.png", "test_tasks.png"]
-    task_bars(plt, tables, step, test_tasks, references, f"Test tasks at step {step:,} ({seed_text})",
+    task_bars(plt, tables, step, test_tasks, references if random_lines is None else (None, random_lines[1]), f"Test tasks at step {step:,} ({seed_text})",
               out / "test_tasks.png")
     msfa = {d: t for d, t in tables.items() if label(d).startswith("MSFA")}
     if len(msfa) > 1:
@@ -130,6 +140,16 @@ def main(args: Args) -> None:
     print(f"wrote {', '.join(str(out / f) for f in written)} (step {step:,})")
 
 
+def minihack_random_success(run_dir: Path, train_tasks, test_tasks, episodes: int):
+    """Random play's success rate per train room and per test room, on fresh levels of the run's room size."""
+    from common.minihack import random_returns
+
+    size = json.loads((run_dir / "config.json").read_text())["args"]["room_size"]
+    require(episodes >= 2, f"--reference-episodes must be 0 or at least 2 for MiniHack, got {episodes}")
+    success = random_returns(np.concatenate([train_tasks, test_tasks]), episodes, size)[0]
+    return success[:len(train_tasks)], success[len(train_tasks):]
+
+
 def task_bars(plt, tables: dict, step: int, test_tasks, references, title: str, path: Path) -> None:
     """Per test task, each run's return at `step` (GPI where it has it), mean ± s.e. over seeds, with the BFS
     oracle (dashed) and random play (dotted) where references are given."""
@@ -144,8 +164,9 @@ def task_bars(plt, tables: dict, step: int, test_tasks, references, title: str, 
     if references is not None:
         oracle, rand = references
         for j in range(len(names)):
-            ax.hlines(oracle[j], j - 0.45, j + 0.45, colors="black", linestyles="--",
-                      label="BFS oracle" if j == 0 else None)
+            if oracle is not None:
+                ax.hlines(oracle[j], j - 0.45, j + 0.45, colors="black", linestyles="--",
+                          label="BFS oracle" if j == 0 else None)
             ax.hlines(rand[j], j - 0.45, j + 0.45, colors="grey", linestyles=":", label="random" if j == 0 else None)
     ax.set_xticks(np.arange(len(names)), names, rotation=20)
     ax.set_ylabel("greedy return")

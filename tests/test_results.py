@@ -100,3 +100,25 @@ def test_the_tools_read_a_fruitbot_runs_tasks_and_refuse_mixed_environments(tmp_
     with pytest.raises(SystemExit):
         compare.main(compare.Args(run_dirs=(fruitbot, babyai)))
     assert "different environments" in capsys.readouterr().err
+
+
+def test_plot_draws_random_play_for_a_minihack_run_at_its_room_size(tmp_path, monkeypatch, capsys):
+    """MiniHack has no oracle: the figures get random play's success rate, measured in the run's room size."""
+    import numpy as np
+
+    import common.minihack
+    from results import plot
+
+    calls = []
+
+    def fake_random_returns(tasks, num_episodes, size):
+        calls.append((np.asarray(tasks).tolist(), num_episodes, size))
+        return np.array([0.7, 0.8, 0.9, 0.6]), None, None
+
+    monkeypatch.setattr(common.minihack, "random_returns", fake_random_returns)
+    run = fake_run(tmp_path, "mh", "MSFA", (10, 20), (0, 1), 1.0, env="minihack")
+    plot.main(plot.Args(run_dirs=(run,), out=str(tmp_path / "figures"), reference_episodes=7))
+    assert calls == [([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 1]], 7, "5x5")]
+    assert "IQM MSFA: 3.500 " in capsys.readouterr().out  # raw returns: no oracle to normalise by
+    for name in ("learning_curves.png", "test_tasks.png", "gpi_ablation.png", "aggregate.png"):
+        assert (tmp_path / "figures" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
