@@ -76,10 +76,14 @@ def main(args: Args) -> None:
     tables = {d: read_eval(d) for d in runs}
     train_tasks, test_tasks = env_tasks(runs)
     env = run_env(runs[0])
-    babyai_runs = env == "babyai"  # the BFS-oracle references exist for BabyAI only
-    random_lines = None  # MiniHack: random play's success rate (train rooms, test room), drawn on the curves
+    # references: (BFS oracle or None, random play) per test task; random_lines: random play per train/test task
+    references, random_lines = None, None
+    if args.reference_episodes and env == "babyai":  # the BFS oracle exists for BabyAI only
+        references = (bfs_oracle_returns(test_tasks, args.reference_episodes)[0],
+                      random_policy_returns(test_tasks, args.reference_episodes)[0])
     if args.reference_episodes and env == "minihack":
         random_lines = minihack_random_success(runs[0], train_tasks, test_tasks, args.reference_episodes)
+        references = (None, random_lines[1])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     seeds = sorted({len(v) for t in tables.values() for v in t.values()})
@@ -118,12 +122,8 @@ def main(args: Args) -> None:
     steps = set.intersection(*({s for s, _, _ in t} for t in tables.values()))
     require(steps, "the runs share no evaluation step")
     step = max(steps)
-    references = None
-    if args.reference_episodes and babyai_runs:
-        references = (bfs_oracle_returns(test_tasks, args.reference_episodes)[0],
-                      random_policy_returns(test_tasks, args.reference_episodes)[0])
     written = ["learning_curves.png", "test_tasks.png"]
-    task_bars(plt, tables, step, test_tasks, references if random_lines is None else (None, random_lines[1]), f"Test tasks at step {step:,} ({seed_text})",
+    task_bars(plt, tables, step, test_tasks, references, f"Test tasks at step {step:,} ({seed_text})",
               out / "test_tasks.png")
     msfa = {d: t for d, t in tables.items() if label(d).startswith("MSFA")}
     if len(msfa) > 1:
@@ -201,11 +201,12 @@ def aggregate(plt, tables: dict, step: int, test_tasks, references, path: Path) 
     from rliable import metrics
 
     names = [format_task(w) for w in test_tasks]
+    normalised = references is not None and references[0] is not None  # needs the oracle
     scores = {}
     for d, table in tables.items():
         g = best_gpi(table)
         returns = np.asarray([table[(step, n, g)] for n in names]).T  # [seeds, tasks]
-        if references is not None:
+        if normalised:
             oracle, rand = (np.asarray(r) for r in references)
             returns = (returns - rand) / (oracle - rand)
         scores[label(d) + ("" if g else " (no GPI)")] = returns
@@ -219,7 +220,7 @@ def aggregate(plt, tables: dict, step: int, test_tasks, references, path: Path) 
         ax.barh(i, high - low, left=low, height=0.6, color=f"C{i}", alpha=0.6)
         ax.plot([points[name][0]] * 2, [i - 0.3, i + 0.3], color="black")
     ax.set_yticks(range(len(scores)), list(scores), fontsize=8)
-    ax.set_xlabel("IQM of the oracle-normalised return (0: random, 1: BFS oracle)" if references is not None
+    ax.set_xlabel("IQM of the oracle-normalised return (0: random, 1: BFS oracle)" if normalised
                   else "IQM of the greedy return")
     ax.invert_yaxis()
     seeds = "/".join(str(n) for n in sorted({len(v) for v in scores.values()}))

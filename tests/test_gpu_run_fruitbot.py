@@ -15,7 +15,6 @@ import tyro
 import common.fruitbot  # noqa: F401  (procgen imports gym, whose banner on stderr is not the line checked)
 from common.run import ConfigError
 from results import gpu_run
-from test_scale import CACHE
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--num-envs", "4", "--sequence-period", "8", "--sequence-length", "9", "--replay-size", "64",
@@ -34,7 +33,7 @@ def test_fruitbot_gpu_run_trains_msfa_within_its_budget_and_leaves_what_can_come
     done = subprocess.run(
         ["bash", "results/fruitbot/gpu_run.sh", str(budget), str(out), "--methods", "msfa", "--num-seeds", "1",
          f"--extra={extra}", "--work-dir", str(work), "--reserve-seconds", "30", "--min-run-seconds", "30"],
-        cwd=ROOT, env=os.environ | CACHE | {"PYTHON": sys.executable}, capture_output=True, text=True,
+        cwd=ROOT, env=os.environ | {"PYTHON": sys.executable}, capture_output=True, text=True,
         timeout=budget + 120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert time.time() - start <= budget + 5

@@ -24,8 +24,6 @@ TINY = ["--num-envs", "4", "--sequence-period", "8", "--sequence-length", "9", "
         "--eval-episodes", "2"]
 SMALL_NET = ["--num-modules", "2", "--module-size", "16", "--attention-heads", "1", "--psi-hidden", "8",
              "--phi-hidden", "8"]
-CACHE = {k: os.environ[k] for k in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
-"""the compilation cache of this test process (conftest.py), for the runs it starts as subprocesses"""
 
 
 def read(path: Path):
@@ -37,7 +35,7 @@ def test_seeds_over_two_devices_give_the_single_device_results(tmp_path):
     flags = [*TINY, *SMALL_NET, "--seed", "3", "--num-seeds", "2", "--total-timesteps", "128", "--log-every", "64",
              "--eval-every", "64"]
     two = subprocess.run([sys.executable, "msfa_babyai.py", *flags, "--run-dir", str(tmp_path / "two")], cwd=ROOT,
-                         env=os.environ | CACHE | {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+                         env=os.environ | {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
                          capture_output=True, text=True, timeout=900)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "2 seeds over 2 devices" in two.stdout
@@ -64,7 +62,7 @@ def test_gpu_run_trains_in_priority_order_within_its_budget_and_leaves_what_can_
         ["bash", "results/babyai/gpu_run.sh", str(budget), str(out), "--num-seeds", "2", f"--extra={extra}",
          "--work-dir", str(work), "--methods", *METHODS, "--reserve-seconds", "30",
          "--min-run-seconds", "30"],
-        cwd=ROOT, env=os.environ | CACHE | {"PYTHON": sys.executable}, capture_output=True, text=True,
+        cwd=ROOT, env=os.environ | {"PYTHON": sys.executable}, capture_output=True, text=True,
         timeout=budget + 120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert time.time() - start <= budget + 5  # interpreter start-up aside, it stops inside its budget
