@@ -22,7 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import tyro
 
-from common.babyai import NUM_ACTIONS, GotoAvoid, GotoAvoidMiniGrid
+from common.babyai import NUM_ACTIONS, GotoAvoid
+from common.minigrid_twin import GotoAvoidMiniGrid
 from common.run import exit_on_config_error, require
 
 

@@ -1,17 +1,18 @@
-"""The paper's protocol on a lent GPU, BabyAI or Fruitbot, inside one command's time budget (results/babyai/gpu_run.sh
-and results/fruitbot/gpu_run.sh call this).
+"""The paper's protocol on a lent GPU, BabyAI, Fruitbot or MiniHack, inside one command's time budget
+(results/<env>/gpu_run.sh call this).
 
 A lent GPU comes for ~15 minutes, at most 10 per command, and only 8 files of at most 16 MiB come back, so a run
 must finish inside the command and bring back what analysis needs (eval.csv, metrics.csv, config.json, and the
 small parameter files), never the replay-holding checkpoints. This driver trains the paper protocol (every script's
-defaults: BabyAI 5M env steps, Fruitbot 10M, at replay ratio 6) for --num-seeds vmapped seeds per method, in the
-order the paper's claims need most, --concurrency methods at a time on the one GPU (BabyAI: two, as an SGD step is
+defaults: BabyAI 5M env steps, Fruitbot 10M, MiniHack 3M, at replay ratio 6) for --num-seeds vmapped seeds per
+method, in the order the paper's claims need most (methods that a committed results/<env>/paper_protocol_*/ folder
+already holds go last: no run resumes across lent GPUs, so a new method teaches more than a replicate), --concurrency methods at a time on the one GPU (BabyAI: two, as an SGD step is
 latency-bound and two processes overlap well; Fruitbot: one, as its replay of frames takes tens of GiB). On a GPU,
 Fruitbot trains as many seeds as fit its memory (seeds_that_fit). Each run stops itself by --max-minutes before the
 budget ends, evaluates, and writes its parameters; a run that finishes early frees its slot for the next method.
 What share of the protocol each method reached is written to summary.json.
 
-    python -m results.gpu_run BUDGET_SECONDS OUT_DIR [--env fruitbot] [--num-seeds 10] [--extra "--num-envs 4 ..."]
+    python -m results.gpu_run BUDGET_SECONDS OUT_DIR [--env fruitbot|minihack] [--num-seeds 10] [--extra "..."]
 
 OUT_DIR then holds at most 8 files: summary.json, results.tar.gz (every run's config.json, metrics.csv, eval.csv
 and log) and up to six params_<method>[_<k>].tar.gz of at most 15 MiB, shared among the methods that ran.
@@ -58,10 +59,20 @@ METHODS = {  # per env, in the order the paper's claims need them: name -> scrip
         "uvfa": "uvfa.py --env fruitbot",
         "mvfa": "uvfa.py --env fruitbot --modular",
     },
+    "minihack": {  # USFA with hand-designed cumulants has no phi here (protocol.md §3)
+        "msfa": "msfa_minihack.py",
+        "usfa_learned": "usfa.py --env minihack --learned-cumulants",
+        "uvfa_farm": "uvfa.py --env minihack --farm",
+        "msfa_entangled_psi": "msfa_minihack.py --entangled-psi",
+        "msfa_entangled_phi": "msfa_minihack.py --entangled-phi",
+        "msfa_entangled_both": "msfa_minihack.py --entangled-psi --entangled-phi",
+        "uvfa": "uvfa.py --env minihack",
+        "mvfa": "uvfa.py --env minihack --modular",
+    },
 }
-CONCURRENCY = {"babyai": 2, "fruitbot": 1}
+CONCURRENCY = {"babyai": 2, "fruitbot": 1, "minihack": 2}
 """methods trained at once unless --concurrency says otherwise"""
-RESERVE_SECONDS = {"babyai": 60.0, "fruitbot": 120.0}
+RESERVE_SECONDS = {"babyai": 60.0, "fruitbot": 120.0, "minihack": 60.0}
 """kept back at the end unless --reserve-seconds says otherwise (Fruitbot's final evaluation plays 200 lifetimes of up
 to 4,000 steps per seed with the envs on the host)"""
 FIT_SEEDS = ("fruitbot",)
@@ -81,20 +92,21 @@ class Args:
     out_dir: tyro.conf.Positional[str]
     """where the (at most 8, at most 16 MiB each) result files go"""
     env: str = "babyai"
-    """babyai or fruitbot"""
+    """babyai, fruitbot or minihack"""
     num_seeds: int | None = None
     """vmapped seeds per method (seeds 1..num_seeds); default 10, or with --env fruitbot on a GPU as many as fit (up to
     10): a count whose replays cannot fit is refused"""
     methods: tuple[str, ...] = ()
-    """methods in the order to run them (default: every method of --env, in the order the paper's claims need them)"""
+    """methods in the order to run them (default: every method of --env, in the order the paper's claims need them,
+    those already committed under results/<env>/paper_protocol_*/ last)"""
     concurrency: int | None = None
-    """methods trained at the same time on the one GPU (default 2 for babyai, 1 for fruitbot)"""
+    """methods trained at the same time on the one GPU (default 2 for babyai and minihack, 1 for fruitbot)"""
     extra: str = ""
     """flags added to every run (tests use tiny settings here; the GPU run uses the paper's defaults)"""
     work_dir: str = "/tmp/msfa-gpu-runs"
     """where the run directories go (outside out_dir: they hold more files than can come back)"""
     reserve_seconds: float | None = None
-    """kept back at the end for the runs' final evaluation and for packing (default 60 for babyai, 120 for fruitbot)"""
+    """kept back at the end for the runs' final evaluation and for packing (default 120 for fruitbot, else 60)"""
     min_run_seconds: float = 90.0
     """a method is started only with at least this much time left (start-up and compilation take about a minute)"""
 
@@ -194,13 +206,25 @@ def pack(work: Path, out: Path, started: list[str], summary: dict) -> None:
         summary[name].setdefault("params_seeds", [])
 
 
+def committed_methods(env: str, results: Path = ROOT / "results") -> set[str]:
+    """Methods whose paper-protocol run on a lent GPU is already committed (results/<env>/paper_protocol_*/<method>/
+    with an eval.csv)."""
+    return {p.parent.name for p in (results / env).glob("paper_protocol_*/*/eval.csv")}
+
+
+def default_order(env: str, results: Path = ROOT / "results") -> tuple[str, ...]:
+    """Every method of env in the order the paper's claims need them, those already committed moved to the end."""
+    done = committed_methods(env, results)
+    return (*(m for m in METHODS[env] if m not in done), *(m for m in METHODS[env] if m in done))
+
+
 def resolve(args: Args) -> tuple[Args, dict]:
     """args with --env's defaults filled in (methods, concurrency, reserve, seeds), checked; and what the seed count
     was decided from (for summary.json). Imports jax (the device's memory decides Fruitbot's seeds)."""
     require(args.env in METHODS, f"unknown --env {args.env!r}; choose from {', '.join(METHODS)}")
     methods = METHODS[args.env]
     args = dataclasses.replace(
-        args, methods=args.methods or tuple(methods),
+        args, methods=args.methods or default_order(args.env),
         concurrency=CONCURRENCY[args.env] if args.concurrency is None else args.concurrency,
         reserve_seconds=RESERVE_SECONDS[args.env] if args.reserve_seconds is None else args.reserve_seconds)
     require(args.budget_seconds > args.reserve_seconds + args.min_run_seconds,
@@ -233,7 +257,7 @@ def main(args: Args) -> None:
     fitted = (f" (replay {memory['replay_bytes_per_seed'] / 2**30:.1f} GiB per seed; the device allows "
               f"{memory['device_bytes_limit'] / 2**30:.1f} GiB)" if memory else "")
     print(f"[gpu_run] {device}; {args.env}; budget {args.budget_seconds:.0f} s; {args.num_seeds} seeds per method"
-          f"{fitted}, {args.concurrency} method(s) at a time", flush=True)
+          f"{fitted}, {args.concurrency} method(s) at a time; order: {', '.join(args.methods)}", flush=True)
     queue, running, started = list(args.methods), {}, []
     summary, stopping = {}, False
     while queue or running:

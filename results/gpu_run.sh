@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# What results/babyai/gpu_run.sh and results/fruitbot/gpu_run.sh run (README "Paper scale on a lent GPU"):
-#   bash results/gpu_run.sh babyai|fruitbot BUDGET_SECONDS OUT_DIR [more flags for results/gpu_run.py]
+# What results/<env>/gpu_run.sh run (README "Paper scale on a lent GPU"):
+#   bash results/gpu_run.sh babyai|fruitbot|minihack BUDGET_SECONDS OUT_DIR [more flags for results/gpu_run.py]
 # Where the env's scripts cannot import their packages (the GPU machine), it installs the wheels that
-# `bash results/gpu_wheels.sh ENV` put in .whl/ (BabyAI) or .whl-fruitbot/ (Fruitbot), carried with the run; then
+# `bash results/gpu_wheels.sh ENV` put in .whl/ (BabyAI), .whl-fruitbot/ or .whl-minihack/, carried with the run; then
 # it runs python -m results.gpu_run --env ENV with the other arguments.
 set -euo pipefail
-usage="usage: bash results/gpu_run.sh babyai|fruitbot BUDGET_SECONDS OUT_DIR [flags]"
+usage="usage: bash results/gpu_run.sh babyai|fruitbot|minihack BUDGET_SECONDS OUT_DIR [flags]"
 [ $# -ge 3 ] || { echo "$usage" >&2; exit 2; }
 env=$1
 shift
 cd "$(dirname "$0")/.."
-case $env in  # what each env's scripts import that the GPU machine lacks (usfa.py and uvfa.py import both envs)
+case $env in  # what each env's scripts import that the GPU machine lacks (minigrid only where BabyAI is made)
   babyai) wheels=.whl modules="flashbax, gymnax, tyro, minigrid, tensorboardX" ;;
   fruitbot) wheels=.whl-fruitbot modules="flashbax, gymnax, tyro, minigrid, tensorboardX, procgen" ;;
+  minihack) wheels=.whl-minihack modules="flashbax, gymnax, tyro, tensorboardX, nle, minihack" ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 PYTHON=${PYTHON:-python3}

@@ -3,13 +3,17 @@
 # folder results/gpu_run.sh installs them from there (carry it with the run):
 #   bash results/gpu_wheels.sh babyai      # .whl/
 #   bash results/gpu_wheels.sh fruitbot    # .whl-fruitbot/: BabyAI's (usfa.py and uvfa.py import both envs), procgen's
+#   bash results/gpu_wheels.sh minihack    # .whl-minihack/: NLE's and MiniHack's, and what the scripts import, less
+#                                          # minigrid and its pygame (only BabyAI's tiles need them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 babyai="flashbax gymnax tyro minigrid gymnasium tensorboardX pygame-ce farama-notifications docstring-parser typeguard"
 case ${1:-} in
   babyai) wheels=.whl names=$babyai ;;
   fruitbot) wheels=.whl-fruitbot names="$babyai procgen-mirror gym3 gym-notices cffi pycparser" sdists=gym ;;
-  *) echo "usage: bash results/gpu_wheels.sh babyai|fruitbot" >&2; exit 2 ;;
+  minihack) wheels=.whl-minihack sdists=minihack
+            names="flashbax gymnax tyro gymnasium tensorboardX farama-notifications docstring-parser typeguard nle" ;;
+  *) echo "usage: bash results/gpu_wheels.sh babyai|fruitbot|minihack" >&2; exit 2 ;;
 esac
 grep -qx "/$wheels/" .git/info/exclude 2>/dev/null || echo "/$wheels/" >> .git/info/exclude
 PYTHON=${PYTHON:-python3}
@@ -17,7 +21,7 @@ version() { grep -i "^$1==" requirements.txt | cut -d= -f3 | cut -d' ' -f1; }
 "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
   -d "$wheels" $(for name in $names; do echo "$name==$(version "$name")"; done)
-for name in ${sdists:-}; do  # pure Python, published as source only: built into a py3-none-any wheel here
+for name in ${sdists:-}; do  # pure Python, published (for this Python) as source only: built into a py3 wheel here
   "$PYTHON" -m pip wheel -q --no-deps -w "$wheels" "$name==$(version "$name")"
 done
 ls -l "$wheels"

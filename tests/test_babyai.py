@@ -18,7 +18,6 @@ from common.babyai import (
     TRAIN_TASKS,
     EnvState,
     GotoAvoid,
-    GotoAvoidMiniGrid,
     bfs_oracle_action,
     bfs_oracle_returns,
     format_task,
@@ -26,6 +25,7 @@ from common.babyai import (
     make_params,
     random_policy_returns,
 )
+from common.minigrid_twin import GotoAvoidMiniGrid
 from common.run import ConfigError
 
 

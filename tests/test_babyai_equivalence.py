@@ -15,9 +15,9 @@ from common.babyai import (
     TRAIN_TASKS,
     EnvState,
     GotoAvoid,
-    GotoAvoidMiniGrid,
     make_params,
 )
+from common.minigrid_twin import GotoAvoidMiniGrid
 
 MODES = ("rgb", "symbolic")
 

@@ -57,7 +57,7 @@ def test_fruitbot_gpu_run_trains_msfa_within_its_budget_and_leaves_what_can_come
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--env", "minihack"], "unknown --env 'minihack'; choose from babyai, fruitbot"),
+    (["--env", "atari"], "unknown --env 'atari'; choose from babyai, fruitbot, minihack"),
     (["--env", "fruitbot", "--methods", "msfa", "ppo"], "unknown methods ['ppo'] for --env fruitbot; choose from msfa"),
 ], ids=["env", "method"])
 def test_bad_env_or_method_is_refused_with_one_line(flags, message, tmp_path, capsys):

@@ -121,3 +121,44 @@ def test_the_babyai_scripts_import_without_procgen_or_nle():
             "usfa.check_args(usfa.Args(learned_cumulants=True)); uvfa.check_args(uvfa.Args(farm=True))\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_methods_already_committed_run_last(tmp_path):
+    """No run resumes across lent GPUs, so the default order puts methods with a committed paper-protocol folder
+    after the others (in the paper's order within each group); an eval.csv marks a method as committed."""
+    for device, name in (("h200", "msfa"), ("h100", "usfa"), ("h100", "uvfa")):
+        (tmp_path / "babyai" / f"paper_protocol_{device}" / name).mkdir(parents=True)
+        (tmp_path / "babyai" / f"paper_protocol_{device}" / name / "eval.csv").write_text("step\n")
+    (tmp_path / "babyai" / "paper_protocol_h100" / "mvfa").mkdir()  # no eval.csv: not committed
+    order = gpu_run.default_order("babyai", tmp_path)
+    assert order == ("usfa_learned", "uvfa_farm", "msfa_entangled_psi", "msfa_entangled_phi", "msfa_entangled_both",
+                     "mvfa", "msfa", "usfa", "uvfa")
+    assert gpu_run.default_order("minihack", tmp_path) == tuple(gpu_run.METHODS["minihack"])
+
+
+def test_the_fruitbot_and_minihack_scripts_import_without_minigrid():
+    """minigrid imports pygame (12 MB): results/minihack/gpu_run.sh carries neither, so the scripts that run MiniHack
+    (and Fruitbot) must import, and check their settings, without them."""
+    code = ("import sys\n"
+            "for name in ('minigrid', 'pygame', 'procgen', 'gym3'):\n"
+            "    sys.modules[name] = None\n"
+            "import msfa_minihack, usfa, uvfa\n"
+            "usfa.check_args(usfa.Args(env='minihack', learned_cumulants=True))\n"
+            "uvfa.check_args(uvfa.Args(env='minihack', farm=True))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("env", list(gpu_run.METHODS))
+def test_every_gpu_run_command_is_valid_for_its_script(env):
+    """Each method's script accepts its flags and its checks pass them (what a lent GPU would otherwise find out)."""
+    import importlib
+
+    import tyro
+
+    for name, command in gpu_run.METHODS[env].items():
+        script, *flags = command.split()
+        module = importlib.import_module(Path(script).stem)
+        args = tyro.cli(module.Args, args=[*flags, "--num-seeds", "10", "--no-checkpoint", "--max-minutes", "1"])
+        module.check_args(args)
+        assert getattr(args, "env", env) == env, name
