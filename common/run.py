@@ -153,12 +153,22 @@ def parse_args(cls, argv: list[str] | None = None):
 # =====================================================================================================================
 # Files of a run
 # =====================================================================================================================
-def versions() -> dict:
-    """Package versions and the git commit, recorded in config.json."""
-    from importlib.metadata import version
+VERSIONED = ("jax", "jaxlib", "equinox", "optax", "flashbax", "gymnax", "minigrid", "procgen-mirror", "nle", "minihack",
+             "numpy")
+"""packages whose versions config.json records"""
 
-    names = ("jax", "jaxlib", "equinox", "optax", "flashbax", "gymnax", "minigrid", "numpy")
-    out = {n: version(n) for n in names}
+
+def versions(names: tuple[str, ...] = VERSIONED) -> dict:
+    """Package versions (None for one not installed: a run of one env needs none of the other envs' packages, e.g.
+    MiniHack on a lent GPU has no minigrid) and the git commit, recorded in config.json."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in names:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
     try:
         out["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                                            cwd=Path(__file__).parent, check=True).stdout.strip()

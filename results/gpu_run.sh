@@ -12,7 +12,7 @@ shift
 cd "$(dirname "$0")/.."
 case $env in  # what each env's scripts import that the GPU machine lacks (minigrid only where BabyAI is made)
   babyai) wheels=.whl modules="flashbax, gymnax, tyro, minigrid, tensorboardX" ;;
-  fruitbot) wheels=.whl-fruitbot modules="flashbax, gymnax, tyro, minigrid, tensorboardX, procgen" ;;
+  fruitbot) wheels=.whl-fruitbot modules="flashbax, gymnax, tyro, tensorboardX, procgen" ;;
   minihack) wheels=.whl-minihack modules="flashbax, gymnax, tyro, tensorboardX, nle, minihack" ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac

@@ -2,17 +2,16 @@
 # Wheels (Python 3.12, x86-64) of the packages the lent GPU machine lacks, at requirements.txt's versions, into the
 # folder results/gpu_run.sh installs them from there (carry it with the run):
 #   bash results/gpu_wheels.sh babyai      # .whl/
-#   bash results/gpu_wheels.sh fruitbot    # .whl-fruitbot/: BabyAI's (usfa.py and uvfa.py import both envs), procgen's
-#   bash results/gpu_wheels.sh minihack    # .whl-minihack/: NLE's and MiniHack's, and what the scripts import, less
-#                                          # minigrid and its pygame (only BabyAI's tiles need them)
+#   bash results/gpu_wheels.sh fruitbot    # .whl-fruitbot/: what the scripts import, and procgen's
+#   bash results/gpu_wheels.sh minihack    # .whl-minihack/: what the scripts import, and NLE's and MiniHack's
 set -euo pipefail
 cd "$(dirname "$0")/.."
-babyai="flashbax gymnax tyro minigrid gymnasium tensorboardX pygame-ce farama-notifications docstring-parser typeguard"
+# what every script imports that the GPU machine lacks; BabyAI's tiles come from minigrid (which imports pygame)
+common="flashbax gymnax tyro gymnasium tensorboardX farama-notifications docstring-parser typeguard"
 case ${1:-} in
-  babyai) wheels=.whl names=$babyai ;;
-  fruitbot) wheels=.whl-fruitbot names="$babyai procgen-mirror gym3 gym-notices cffi pycparser" sdists=gym ;;
-  minihack) wheels=.whl-minihack sdists=minihack
-            names="flashbax gymnax tyro gymnasium tensorboardX farama-notifications docstring-parser typeguard nle" ;;
+  babyai) wheels=.whl names="$common minigrid pygame-ce" ;;
+  fruitbot) wheels=.whl-fruitbot names="$common procgen-mirror gym3 gym-notices cffi pycparser" sdists=gym ;;
+  minihack) wheels=.whl-minihack names="$common nle" sdists=minihack ;;
   *) echo "usage: bash results/gpu_wheels.sh babyai|fruitbot|minihack" >&2; exit 2 ;;
 esac
 grep -qx "/$wheels/" .git/info/exclude 2>/dev/null || echo "/$wheels/" >> .git/info/exclude

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -319,3 +320,13 @@ def test_a_csv_without_a_header_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="does not start with a header line"):
         CsvLog(path, ["step", "seed", "sps"])
     assert path.read_text() == "30720,1,84.1\n"
+
+
+def test_config_records_a_missing_package_as_none():
+    """A lent GPU running MiniHack has no minigrid: config.json records None for it instead of stopping the run
+    (as it once did, before any step, on an H200)."""
+    from common.run import versions
+
+    recorded = versions(("jax", "no-such-package-for-msfa-jax"))
+    assert recorded["jax"] == jax.__version__ and recorded["no-such-package-for-msfa-jax"] is None
+    assert recorded["git_commit"]
