@@ -3,6 +3,7 @@ brings back what analysis needs; bad input is refused with one line; the seed co
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -95,3 +96,32 @@ def test_a_seed_count_that_cannot_fit_is_refused_before_anything_runs(tmp_path, 
     assert exit_info.value.code == 2 and len(err) == 1, err
     assert "--num-seeds 2 does not fit: 33.0 GiB of replay per seed x 1 method(s) at once allows at most 1" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_gpu_carry_hides_the_saved_agents_from_what_travels_and_restores_them(tmp_path):
+    """hide: the tracked params_seed*.eqx leave git's index and are ignored (so they do not travel), the files stay
+    on disk; restore: the index and .git/info/exclude are as before. hide refuses staged changes and a second hide."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    git = lambda *a: subprocess.run(["git", *a], cwd=clone, capture_output=True, text=True, check=True).stdout  # noqa: E731
+    carry = lambda verb: subprocess.run(["bash", "results/fruitbot/gpu_carry.sh", verb], cwd=clone,  # noqa: E731
+                                        capture_output=True, text=True)
+    shutil.copy(ROOT / "results/fruitbot/gpu_carry.sh", clone / "results/fruitbot/gpu_carry.sh")  # as in the work tree
+    if git("status", "--porcelain"):
+        git("add", "-A")
+        git("-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-q", "-m", "this work tree")
+    params = git("ls-files", "results/**/params_seed*.eqx").split()
+    exclude_before = (clone / ".git/info/exclude").read_text()
+    assert params and git("status", "--porcelain") == ""
+    hidden = carry("hide")
+    assert hidden.returncode == 0 and f"hid {len(params)} parameter files" in hidden.stdout, hidden.stderr
+    assert not set(params) & set(git("ls-files").split())
+    assert git("status", "--porcelain", "--untracked-files=all").split() == [x for p in params for x in ("D", p)]
+    assert all((clone / p).exists() for p in params)
+    again = carry("hide")
+    assert again.returncode == 2 and again.stderr.strip().startswith("error: changes are staged")
+    restored = carry("restore")
+    assert restored.returncode == 0 and f"restored {len(params)}" in restored.stdout
+    assert git("status", "--porcelain", "--untracked-files=all") == ""
+    assert (clone / ".git/info/exclude").read_text() == exclude_before
+    assert carry("restore").stdout.strip() == "nothing hidden"
