@@ -111,15 +111,21 @@ def test_parameter_archives_share_the_six_slots(methods, expected, tmp_path, mon
             assert tar.getnames() == ["usfa_learned/params_seed2.eqx"]
 
 
-def test_the_babyai_scripts_import_without_procgen_or_nle():
-    """The lent GPU machine has neither procgen nor NLE (results/babyai/gpu_run.sh carries BabyAI's wheels only):
-    every script that runs BabyAI must import, and make its BabyAI settings, without them."""
-    code = ("import sys\n"
-            "for name in ('procgen', 'gym3', 'nle', 'minihack'):\n"
-            "    sys.modules[name] = None\n"
-            "import msfa_babyai, usfa, uvfa\n"
-            "usfa.check_args(usfa.Args(learned_cumulants=True)); uvfa.check_args(uvfa.Args(farm=True))\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+@pytest.mark.parametrize("blocked, code", [
+    (("procgen", "gym3", "nle", "minihack"),
+     "import msfa_babyai, usfa, uvfa\n"
+     "usfa.check_args(usfa.Args(learned_cumulants=True)); uvfa.check_args(uvfa.Args(farm=True))\n"),
+    (("minigrid", "pygame", "procgen", "gym3"),
+     "import msfa_minihack, usfa, uvfa\n"
+     "usfa.check_args(usfa.Args(env='minihack', learned_cumulants=True))\n"
+     "uvfa.check_args(uvfa.Args(env='minihack', farm=True))\n"),
+], ids=["babyai without procgen or nle", "minihack without minigrid or pygame"])
+def test_the_scripts_import_without_the_other_envs_packages(blocked, code):
+    """A lent GPU machine gets one env's wheels only (results/<env>/gpu_run.sh): BabyAI's carry neither procgen nor
+    NLE, MiniHack's neither minigrid nor its pygame (12 MB). The scripts that run an env must import, and check its
+    settings, with the other envs' packages missing."""
+    block = f"import sys\nfor name in {blocked!r}:\n    sys.modules[name] = None\n"
+    done = subprocess.run([sys.executable, "-c", block + code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -134,19 +140,6 @@ def test_methods_already_committed_run_last(tmp_path):
     assert order == ("usfa_learned", "uvfa_farm", "msfa_entangled_psi", "msfa_entangled_phi", "msfa_entangled_both",
                      "mvfa", "msfa", "usfa", "uvfa")
     assert gpu_run.default_order("minihack", tmp_path) == tuple(gpu_run.METHODS["minihack"])
-
-
-def test_the_fruitbot_and_minihack_scripts_import_without_minigrid():
-    """minigrid imports pygame (12 MB): results/minihack/gpu_run.sh carries neither, so the scripts that run MiniHack
-    (and Fruitbot) must import, and check their settings, without them."""
-    code = ("import sys\n"
-            "for name in ('minigrid', 'pygame', 'procgen', 'gym3'):\n"
-            "    sys.modules[name] = None\n"
-            "import msfa_minihack, usfa, uvfa\n"
-            "usfa.check_args(usfa.Args(env='minihack', learned_cumulants=True))\n"
-            "uvfa.check_args(uvfa.Args(env='minihack', farm=True))\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("env", list(gpu_run.METHODS))
