@@ -715,7 +715,7 @@ TRAIN_TASK_NAMES = [format_task(w) for w in TRAIN_TASKS]
 
 
 def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
-    """evaluate(params, seed) -> returns [GPI settings, tasks, episodes] of one seed's params: every (task, episode)
+    """evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params: every (task, episode)
     is one env on fresh levels, played greedily until each env has finished one episode (a return of 1 is a
     success); the network acts for all envs at once (jitted), the envs step on the host."""
     policies = jnp.asarray(TRAIN_TASKS if args.gpi_support == "train" else TEST_TASKS)
@@ -732,7 +732,8 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
             q = jax.vmap(partial(q_values, net))(rnn[0], w)
         return jnp.argmax(q, -1), rnn
 
-    def evaluate(params, seed: int):
+    def evaluate(params, key):
+        seed = int(jax.random.randint(key, (), 0, 2**31 - 1))  # the host envs' level seed
         n = len(tasks) * args.eval_episodes
         initial = eqx.combine(params, setup.static).core.initial_state()
         out = []
@@ -759,9 +760,10 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
 
 def eval_rows(evaluate, params, seeds: list[int], step: int) -> list[dict]:
     """eval.csv rows of every seed: mean and std of the greedy return per task and GPI setting."""
+    eval_key = jax.random.PRNGKey(10_000 + step)  # results/evaluate.py --seed 10000+step replays it
     rows = []
     for i, seed in enumerate(seeds):
-        returns = evaluate(jax.tree.map(lambda x: x[i], params), 10_000 * seed + step // 1000 % 10_000)
+        returns = evaluate(jax.tree.map(lambda x: x[i], params), jax.random.fold_in(eval_key, seed))
         for g_index, g in enumerate(GPI_SETTINGS):
             for t, w in enumerate(EVAL_TASKS):
                 r = returns[g_index, t]

@@ -2,6 +2,9 @@
 
     python -m results.evaluate RUN_DIR --tasks "1,1,0,0;-1,1,-1,1" --episodes 40 [--gpi both|on|off] [--out FILE]
 
+Any run of any script: BabyAI, Fruitbot and MiniHack (task vectors of the run's env; on the host envs every episode
+is played on a fresh, unrestricted level, as the runs' own evaluations are).
+
 Reads the run's small parameter files (params_seed<N>.eqx, written at every evaluation: the online parameters of
 seed N and, in their header, the step, the method and the run's arguments), rebuilds each seed's network with the
 script that trained it, and runs that script's own evaluation on the given tasks. Rows go to stdout (or --out) in
@@ -23,11 +26,13 @@ import jax
 import numpy as np
 import tyro
 
-from common.babyai import TRAIN_TASKS, format_task
+from common import babyai
+from common.babyai import format_task
 from common.run import EVAL_FIELDS, ConfigError, exit_on_config_error, require
-from results.summarize import run_env
+from results.summarize import args_env, env_tasks
 
-SCRIPTS = {"MSFA": "msfa_babyai", "USFA": "usfa", "UVFA": "uvfa", "UVFA-FARM": "uvfa", "MVFA": "uvfa"}
+MSFA_SCRIPTS = {"babyai": "msfa_babyai", "fruitbot": "msfa_fruitbot", "minihack": "msfa_minihack"}
+BASELINE_SCRIPTS = {"USFA": "usfa", "UVFA": "uvfa", "UVFA-FARM": "uvfa", "MVFA": "uvfa"}  # one script per family, --env
 
 
 @dataclass
@@ -35,7 +40,8 @@ class Args:
     run_dir: tyro.conf.Positional[str]
     """a run directory holding params_seed<N>.eqx files"""
     tasks: str = "train;test"
-    """task vectors separated by ';', each comma-separated weights (e.g. "1,1,0,0;-1,1,-1,1"), or train/test"""
+    """task vectors separated by ';', each comma-separated weights (e.g. "1,1,0,0;-1,1,-1,1"), or train/test (the run's
+    env's task sets)"""
     episodes: int = 40
     """greedy episodes per task, seed and GPI setting"""
     gpi: str = "both"
@@ -46,23 +52,21 @@ class Args:
     """write the rows to this CSV file instead of stdout"""
 
 
-def parse_tasks(text: str) -> np.ndarray:
-    """"1,0,0,0;train" -> the task matrix [n, 4]; 'train'/'test' stand for the paper's task sets."""
-    from common.babyai import TEST_TASKS
-
+def parse_tasks(text: str, train=babyai.TRAIN_TASKS, test=babyai.TEST_TASKS) -> np.ndarray:
+    """"1,0,0,0;train" -> the task matrix [n, dim]; 'train'/'test' stand for the env's task sets (BabyAI's by default)."""
     rows = []
     for part in text.split(";"):
         part = part.strip()
         if part in ("train", "test"):
-            rows.extend(TRAIN_TASKS if part == "train" else TEST_TASKS)
+            rows.extend(train if part == "train" else test)
             continue
         try:
             w = [float(x) for x in part.split(",")]
         except ValueError:
             raise ConfigError(f"--tasks: {part!r} is not a task vector; write comma-separated numbers, tasks "
                               "separated by ';', e.g. \"1,1,0,0;-1,1,-1,1\"") from None
-        require(len(w) == TRAIN_TASKS.shape[1], f"--tasks: {part!r} has {len(w)} weights; a task has "
-                                                f"{TRAIN_TASKS.shape[1]} (one per object category)")
+        require(len(w) == train.shape[1], f"--tasks: {part!r} has {len(w)} weights; a task of this env has "
+                                          f"{train.shape[1]}")
         rows.append(w)
     return np.asarray(rows, np.float32)
 
@@ -75,8 +79,10 @@ def load_agent(path: Path):
         except ValueError:
             raise ConfigError(f"{path} is not a parameter file (no JSON header)") from None
         family = str(header.get("method", "")).split(" ")[0]  # "MSFA (entangled psi)" -> "MSFA"
-        require(family in SCRIPTS, f"{path}: unknown method {header.get('method')!r}")
-        script = importlib.import_module(SCRIPTS[family])
+        require(family == "MSFA" or family in BASELINE_SCRIPTS, f"{path}: unknown method {header.get('method')!r}")
+        env = args_env(header["args"])
+        require(env in MSFA_SCRIPTS, f"{path}: unknown environment {env!r}")
+        script = importlib.import_module(MSFA_SCRIPTS[env] if family == "MSFA" else BASELINE_SCRIPTS[family])
         fields = {f.name for f in dataclasses.fields(script.Args)}
         args = script.Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in header["args"].items()
                               if k in fields})
@@ -92,14 +98,13 @@ def load_agent(path: Path):
 @exit_on_config_error
 def main(args: Args) -> None:
     run_dir = Path(args.run_dir)
-    require(run_env(run_dir) == "babyai", f"{run_dir} is a {run_env(run_dir)} run; results.evaluate handles BabyAI runs "
-                                          "only so far")
     files = sorted(run_dir.glob("params_seed*.eqx"), key=lambda p: int(p.stem.split("seed")[1]))
     require(files, f"no params_seed<N>.eqx in {run_dir}; pass a run directory that has evaluated at least once")
     require(args.gpi in ("both", "on", "off"), f"--gpi must be both, on or off, got {args.gpi!r}")
     require(args.episodes > 0, f"--episodes must be positive, got {args.episodes}")
-    tasks = parse_tasks(args.tasks)
-    train = {format_task(w) for w in TRAIN_TASKS}
+    train_tasks, test_tasks = env_tasks([run_dir])
+    tasks = parse_tasks(args.tasks, train_tasks, test_tasks)
+    train = {format_task(w) for w in train_tasks}
     rows = []
     for path in files:
         script, run_args, params, header = load_agent(path)

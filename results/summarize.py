@@ -34,7 +34,11 @@ def run_env(run_dir: Path) -> str:
     """The environment a run trained on, from its config.json: --env where the script has it, msfa_fruitbot.py's and
     msfa_minihack.py's runs by their env settings, else BabyAI."""
     config = run_dir / "config.json"
-    saved = json.loads(config.read_text()).get("args", {}) if config.exists() else {}
+    return args_env(json.loads(config.read_text()).get("args", {}) if config.exists() else {})
+
+
+def args_env(saved: dict) -> str:
+    """The environment of a run's saved arguments (config.json's or a parameter file's header's)."""
     if saved.get("env"):
         return saved["env"]
     return "minihack" if "room_size" in saved else "fruitbot" if "distribution_mode" in saved else "babyai"

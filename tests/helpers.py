@@ -57,3 +57,17 @@ def random_sequence(script, key, length: int, state, episode_end=None, pickups: 
     )
     steps = script.Step(**{name: fields[name] for name in script.Step._fields})
     return script.Sequence(steps=steps, state=state)
+
+
+def replayed_evaluation(run_dir, step: int, tmp_path) -> tuple[list[dict], list[dict]]:
+    """(results/evaluate.py's rows for a run's saved agents with the key the run's own evaluation at `step` used,
+    the run's eval.csv rows of that step): a saved agent of any script and env must reproduce its run's numbers."""
+    import csv
+
+    from results import evaluate
+
+    episodes = int(next(csv.DictReader(open(run_dir / "eval.csv")))["episodes"])
+    evaluate.main(evaluate.Args(run_dir=str(run_dir), tasks="train;test", episodes=episodes, seed=10_000 + step,
+                                out=str(tmp_path / "again.csv")))
+    ran = [r for r in csv.DictReader(open(run_dir / "eval.csv")) if r["step"] == str(step)]
+    return list(csv.DictReader(open(tmp_path / "again.csv"))), ran

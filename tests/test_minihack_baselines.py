@@ -13,6 +13,7 @@ import usfa
 import uvfa
 from common.minihack import TEST_TASKS, TRAIN_TASKS
 from common.networks import count_params
+from helpers import replayed_evaluation
 
 RUN = dict(env="minihack", num_envs=4, sequence_period=8, sequence_length=9, replay_size=64, min_replay_size=8,
            batch_size=4, samples_per_insert=1.0, target_update_period=3, eval_episodes=1, lstm_size=16)
@@ -92,6 +93,8 @@ def test_usfa_tiny_run_end_to_end(tmp_path, capsys):
     metrics = list(csv.DictReader(open(run / "metrics.csv")))
     assert int(metrics[-1]["sgd_steps"]) > 0 and not any(k.startswith("phi_corr") for k in metrics[0])
     assert "paper: 1.95M" in capsys.readouterr().out
+    again, ran = replayed_evaluation(run, 64, tmp_path)  # results/evaluate.py picks usfa.py from the header
+    assert again == ran and {r["task"] for r in again} == ALL_TASKS
 
 
 @pytest.mark.parametrize("flags", [{}, {"farm": True}, {"modular": True}], ids=["uvfa", "farm", "mvfa"])

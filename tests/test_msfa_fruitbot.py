@@ -12,6 +12,7 @@ import pytest
 import msfa_fruitbot as script
 from common.fruitbot import TEST_TASKS, TRAIN_TASKS
 from common.networks import count_params, oar_vector
+from helpers import replayed_evaluation
 
 TINY = dict(num_envs=4, sequence_period=8, sequence_length=9, replay_size=64, min_replay_size=8, batch_size=4,
             samples_per_insert=1.0, target_update_period=3, eval_episodes=1, num_modules=2, module_size=8,
@@ -96,7 +97,7 @@ def test_gpi_support_flag_picks_the_policies(monkeypatch):
     for support, tasks in (("train", TRAIN_TASKS), ("test", TEST_TASKS)):
         args = script.Args(**TINY | dict(gpi_support=support, eval_episodes=1))
         evaluate = script.make_evaluate(script.make_setup(args), args, tasks=TEST_TASKS[:1])
-        returns = evaluate(params, 0)
+        returns = evaluate(params, jax.random.PRNGKey(0))
         assert returns.shape == (2, 1, 1)
         np.testing.assert_array_equal(seen[-1], tasks)
 
@@ -136,3 +137,5 @@ def test_tiny_run_end_to_end(tmp_path, capsys):
                                           run_dir=str(run), resume=True)))
     assert "resumed" in capsys.readouterr().out
     assert int(list(csv.DictReader(open(run / "metrics.csv")))[-1]["step"]) == 128
+    again, ran = replayed_evaluation(run, 128, tmp_path)  # results/evaluate.py on the saved agents
+    assert again == ran and len(ran) == 2 * 2 * (len(TRAIN_TASKS) + len(TEST_TASKS))
