@@ -29,7 +29,7 @@ import tyro
 from common import babyai
 from common.babyai import format_task
 from common.run import EVAL_FIELDS, ConfigError, exit_on_config_error, require
-from results.summarize import args_env, env_tasks
+from results.summarize import args_env, tasks_of_env
 
 MSFA_SCRIPTS = {"babyai": "msfa_babyai", "fruitbot": "msfa_fruitbot", "minihack": "msfa_minihack"}
 BASELINE_SCRIPTS = {"USFA": "usfa", "UVFA": "uvfa", "UVFA-FARM": "uvfa", "MVFA": "uvfa"}  # one script per family, --env
@@ -102,12 +102,14 @@ def main(args: Args) -> None:
     require(files, f"no params_seed<N>.eqx in {run_dir}; pass a run directory that has evaluated at least once")
     require(args.gpi in ("both", "on", "off"), f"--gpi must be both, on or off, got {args.gpi!r}")
     require(args.episodes > 0, f"--episodes must be positive, got {args.episodes}")
-    train_tasks, test_tasks = env_tasks([run_dir])
+    agents = [load_agent(path) for path in files]
+    envs = {args_env(header["args"]) for *_, header in agents}  # the files alone say it (config.json may be absent)
+    require(len(envs) == 1, f"{run_dir}'s parameter files come from different environments ({', '.join(sorted(envs))})")
+    train_tasks, test_tasks = tasks_of_env(envs.pop())
     tasks = parse_tasks(args.tasks, train_tasks, test_tasks)
     train = {format_task(w) for w in train_tasks}
     rows = []
-    for path in files:
-        script, run_args, params, header = load_agent(path)
+    for script, run_args, params, header in agents:
         settings = [g for g in script.GPI_SETTINGS if args.gpi == "both" or g == (args.gpi == "on")]
         require(settings, f"{header['method']} has no GPI: use --gpi off or both")
         run_args = dataclasses.replace(run_args, eval_episodes=args.episodes)

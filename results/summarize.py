@@ -48,11 +48,16 @@ def env_tasks(run_dirs) -> tuple[np.ndarray, np.ndarray]:
     """(train tasks, test tasks) of the runs' environment; runs of different environments are refused."""
     envs = {run_env(Path(d)) for d in run_dirs}
     require(len(envs) == 1, f"the runs trained on different environments ({', '.join(sorted(envs))}); pass runs of one")
-    if envs == {"fruitbot"}:
+    return tasks_of_env(envs.pop())
+
+
+def tasks_of_env(env: str) -> tuple[np.ndarray, np.ndarray]:
+    """(train tasks, test tasks) of an environment (imported only where asked: each needs its own packages)."""
+    if env == "fruitbot":
         from common import fruitbot
 
         return fruitbot.TRAIN_TASKS, fruitbot.TEST_TASKS
-    if envs == {"minihack"}:
+    if env == "minihack":
         from common import minihack
 
         return minihack.TRAIN_TASKS, minihack.TEST_TASKS

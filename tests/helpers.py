@@ -1,5 +1,7 @@
 """Test data and settings shared by the learner tests."""
 
+import csv
+
 import jax
 import jax.numpy as jnp
 
@@ -62,8 +64,6 @@ def random_sequence(script, key, length: int, state, episode_end=None, pickups: 
 def replayed_evaluation(run_dir, step: int, tmp_path) -> tuple[list[dict], list[dict]]:
     """(results/evaluate.py's rows for a run's saved agents with the key the run's own evaluation at `step` used,
     the run's eval.csv rows of that step): a saved agent of any script and env must reproduce its run's numbers."""
-    import csv
-
     from results import evaluate
 
     episodes = int(next(csv.DictReader(open(run_dir / "eval.csv")))["episodes"])
