@@ -31,7 +31,7 @@ import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
 
-from common.run import require
+from common.run import format_task, require
 
 ROOM_SIZE = 10
 NUM_CATEGORIES = 4
@@ -483,11 +483,6 @@ def bfs_oracle_returns(tasks=TEST_TASKS, num_episodes: int = 100, seed: int = 0)
 def random_policy_returns(tasks=TEST_TASKS, num_episodes: int = 100, seed: int = 0):
     """Uniformly random actions: mean and standard error of the return per task."""
     return policy_returns(lambda key, state: jax.random.randint(key, (), 0, NUM_ACTIONS), tasks, num_episodes, seed)
-
-
-def format_task(w) -> str:
-    """A task vector as written in eval.csv and the tables: comma-separated, shortest exact form (e.g. -1,1,-1,0.5)."""
-    return ",".join(f"{float(x):g}" for x in np.asarray(w))
 
 
 def _print_reference_table(episodes: int = 100, seed: int = 0) -> None:

@@ -36,7 +36,7 @@ import struct
 
 import numpy as np
 
-from common.run import require
+from common.run import format_task, require
 
 NUM_ACTIONS = 15  # procgen's full action set: 9 moves (only left/none/right matter here), fire, and 5 no-ops
 FIRE = 9
@@ -122,10 +122,6 @@ def neutralised(state: bytes) -> bytes:
 def category_cumulants(collected: np.ndarray) -> np.ndarray:
     """phi [..., 4] from per-type counts collected [..., 12]."""
     return (collected @ np.eye(TASK_DIM, dtype=np.int64)[TYPE_CATEGORY]).astype(np.float32)
-
-
-def format_task(w) -> str:
-    return ",".join(f"{float(x):g}" for x in w)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

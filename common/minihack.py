@@ -31,7 +31,7 @@ from importlib import resources
 import jax.numpy as jnp
 import numpy as np
 
-from common.run import require
+from common.run import format_task, require
 
 # NLE and MiniHack are imported where an env or the tile set is made, not here: the module's constants and `render`
 # need neither (usfa.py and uvfa.py import this module for every env, also on machines without NLE)
@@ -60,10 +60,6 @@ def room_id(task, size: str) -> str:
     require(key in ROOM_OF_TASK and np.allclose(task, key),
             f"a MiniHack task must be one of {[list(k) for k in ROOM_OF_TASK]} (it names a room), got {list(task)}")
     return f"MiniHack-Room-{ROOM_OF_TASK[key]}-{size}-v0"
-
-
-def format_task(w) -> str:
-    return ",".join(f"{float(x):g}" for x in w)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
