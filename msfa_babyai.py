@@ -31,13 +31,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from common.babyai import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, EnvParams, GotoAvoid, format_task, make_params
+from common.babyai import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, EnvParams, GotoAvoid, make_params
 from common.farm import FarmCore
 from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector
-from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_config_error, parse_args,
-                        metric_fields, metric_rows, progress_line, require, require_finite, require_fraction,
-                        require_non_negative, require_positive, shard_seeds)
+from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_config_error, format_task,
+                        parse_args, metric_fields, metric_rows, progress_line, require, require_finite,
+                        require_fraction, require_non_negative, require_positive, shard_seeds)
 
 
 # =====================================================================================================================

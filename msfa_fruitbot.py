@@ -40,12 +40,12 @@ from jax.experimental import io_callback
 
 from common.farm import FarmCore
 from common.fruitbot import (DISTRIBUTION_MODES, IMAGE_SHAPE, MAX_LEVELS, NUM_ACTIONS, TEST_TASKS, TRAIN_LEVELS,
-                             TRAIN_TASKS, Fruitbot, format_task)
+                             TRAIN_TASKS, Fruitbot)
 from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector
-from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_config_error, parse_args,
-                        metric_fields, metric_rows, progress_line, require, require_finite, require_fraction,
-                        require_non_negative, require_positive)
+from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_config_error, format_task,
+                        parse_args, metric_fields, metric_rows, progress_line, require, require_finite,
+                        require_fraction, require_non_negative, require_positive)
 
 
 # =====================================================================================================================

@@ -45,10 +45,10 @@ from jax.experimental import io_callback
 
 from common.farm import FarmCore
 from common.minihack import (CROP, NUM_ACTIONS, ROOM_SIZES, TEST_TASKS, TRAIN_LEVELS, TRAIN_TASKS,
-                             MiniHackRooms, format_task, render, tile_set)
+                             MiniHackRooms, render, tile_set)
 from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector
-from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, parse_args,
+from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, format_task, parse_args,
                         metric_fields, metric_rows, progress_line, require, require_finite, require_fraction,
                         require_non_negative, require_positive)
 

@@ -43,12 +43,12 @@ import optax
 from jax.experimental import io_callback
 
 from common import babyai, fruitbot, minihack
-from common.babyai import EnvParams, GotoAvoid, Observation, format_task, make_params
+from common.babyai import EnvParams, GotoAvoid, Observation, make_params
 from common.farm import FarmCore, apply_per_module
 from common.networks import MLP, LSTMCore, count_params, oar_vector
-from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, parse_args, metric_fields,
-                        metric_rows, progress_line, require, require_finite, require_fraction, require_non_negative,
-                        require_positive, shard_seeds)
+from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, format_task, parse_args,
+                        metric_fields, metric_rows, progress_line, require, require_finite, require_fraction,
+                        require_non_negative, require_positive, shard_seeds)
 
 
 # =====================================================================================================================

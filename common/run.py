@@ -34,18 +34,18 @@ import tyro
 EVAL_FIELDS = ["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"]
 """the columns of eval.csv (a contract: results/ and other tools read them)"""
 
-
-def format_task(w) -> str:
-    """A task vector as written in eval.csv's task column and the tables: comma-separated, shortest exact form
-    (e.g. -1,1,-1,0.5). One definition for every env, so results/ matches rows across envs and runs."""
-    return ",".join(f"{float(x):g}" for x in np.asarray(w))
-
 RUN_FILES = ("config.json", "metrics.csv", "eval.csv", "checkpoint.eqx")
 SAFE_TO_CHANGE = ("total_timesteps", "eval_every", "log_every", "track", "checkpoint_minutes", "checkpoint",
                   "max_minutes", "wandb_project_name", "wandb_entity")
 """settings a resumed run may change: they decide how long it runs and what it records, not what it learns"""
 NOT_SETTINGS = ("run_dir", "resume", "overwrite")
 """arguments that say where and how to start, not what the run is"""
+
+
+def format_task(w) -> str:
+    """A task vector as written in eval.csv's task column and the tables: comma-separated, shortest exact form
+    (e.g. -1,1,-1,0.5). One definition for every env, so results/ matches rows across envs and runs."""
+    return ",".join(f"{float(x):g}" for x in np.asarray(w))
 
 
 # =====================================================================================================================

@@ -33,8 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 import tyro
 
-from common.babyai import CATEGORY_KINDS, TEST_TASKS, TRAIN_TASKS, EnvParams, format_task
-from common.run import cumulant_quality, exit_on_config_error, require
+from common.babyai import CATEGORY_KINDS, TEST_TASKS, TRAIN_TASKS, EnvParams
+from common.run import cumulant_quality, exit_on_config_error, format_task, require
 from results.evaluate import load_agent, parse_tasks
 from results.summarize import run_env
 

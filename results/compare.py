@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 import tyro
 
-from common.babyai import format_task
-from common.run import exit_on_config_error, require
+from common.run import exit_on_config_error, format_task, require
 from results.summarize import env_tasks, mean_se
 
 

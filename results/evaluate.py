@@ -27,8 +27,7 @@ import numpy as np
 import tyro
 
 from common import babyai
-from common.babyai import format_task
-from common.run import EVAL_FIELDS, ConfigError, exit_on_config_error, require
+from common.run import EVAL_FIELDS, ConfigError, exit_on_config_error, format_task, require
 from results.summarize import args_env, tasks_of_env
 
 MSFA_SCRIPTS = {"babyai": "msfa_babyai", "fruitbot": "msfa_fruitbot", "minihack": "msfa_minihack"}
@@ -53,7 +52,8 @@ class Args:
 
 
 def parse_tasks(text: str, train=babyai.TRAIN_TASKS, test=babyai.TEST_TASKS) -> np.ndarray:
-    """"1,0,0,0;train" -> the task matrix [n, dim]; 'train'/'test' stand for the env's task sets (BabyAI's by default)."""
+    """"1,0,0,0;train" -> the task matrix [n, dim]; 'train'/'test' stand for the env's task sets (BabyAI's by
+    default)."""
     rows = []
     for part in text.split(";"):
         part = part.strip()

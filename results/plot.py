@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import tyro
 
-from common.babyai import bfs_oracle_returns, format_task, random_policy_returns
-from common.run import exit_on_config_error, require
+from common.babyai import bfs_oracle_returns, random_policy_returns
+from common.run import exit_on_config_error, format_task, require
 from results.compare import label, read_eval
 from results.summarize import env_tasks, run_env
 

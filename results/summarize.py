@@ -18,8 +18,8 @@ import numpy as np
 import tyro
 
 from common import babyai
-from common.babyai import bfs_oracle_returns, format_task, random_policy_returns
-from common.run import exit_on_config_error, require
+from common.babyai import bfs_oracle_returns, random_policy_returns
+from common.run import exit_on_config_error, format_task, require
 
 
 @dataclass

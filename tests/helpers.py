@@ -66,8 +66,7 @@ def replayed_evaluation(run_dir, step: int, tmp_path) -> tuple[list[dict], list[
     the run's eval.csv rows of that step): a saved agent of any script and env must reproduce its run's numbers."""
     from results import evaluate
 
-    episodes = int(next(csv.DictReader(open(run_dir / "eval.csv")))["episodes"])
-    evaluate.main(evaluate.Args(run_dir=str(run_dir), tasks="train;test", episodes=episodes, seed=10_000 + step,
-                                out=str(tmp_path / "again.csv")))
     ran = [r for r in csv.DictReader(open(run_dir / "eval.csv")) if r["step"] == str(step)]
+    evaluate.main(evaluate.Args(run_dir=str(run_dir), tasks="train;test", episodes=int(ran[0]["episodes"]),
+                                seed=10_000 + step, out=str(tmp_path / "again.csv")))
     return list(csv.DictReader(open(tmp_path / "again.csv"))), ran

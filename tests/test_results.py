@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from common.babyai import format_task
+from common.run import format_task
 
 
 def fake_run(tmp_path, name, method, steps, gpi_settings, value, env="babyai"):
