@@ -478,6 +478,7 @@ class Actor(NamedTuple):
     rnn: tuple
     epsilon: jax.Array
     episode_return: jax.Array
+    episode_length: jax.Array  # env steps of the current episode so far
 
 
 class TrainState(NamedTuple):
@@ -531,7 +532,8 @@ def init_train_state(setup: Setup, args: Args, key) -> TrainState:
         env_state=env_state, obs=obs, prev_action=jnp.zeros(e, jnp.int32), prev_reward=jnp.zeros(e),
         first=jnp.ones(e, bool),
         rnn=jax.tree.map(lambda x: jnp.broadcast_to(x, (e,) + x.shape), net.core.initial_state()),
-        epsilon=jax.random.choice(k_eps, setup.epsilons, (e,)), episode_return=jnp.zeros(e))
+        epsilon=jax.random.choice(k_eps, setup.epsilons, (e,)), episode_return=jnp.zeros(e),
+        episode_length=jnp.zeros(e, jnp.int32))
     example = jax.tree.map(lambda x: x[0], make_sequences(
         jax.tree.map(lambda x: jnp.zeros((args.sequence_period,) + x.shape, x.dtype), current_step(actors, args)),
         actors, actors.rnn, args))
@@ -577,12 +579,15 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     if keeps_final_view(args):
         step = step._replace(final_obs=info["final_image"])
     episode_return = actors.episode_return + reward
-    finished = {"done": truncated, "return": episode_return, "task": jnp.argmax(actors.obs.w, -1)}
+    episode_length = actors.episode_length + 1
+    finished = {"done": truncated, "return": episode_return, "task": jnp.argmax(actors.obs.w, -1),
+                "length": episode_length}
     actors = Actor(
         env_state=env_state, obs=obs, prev_action=jnp.where(truncated, 0, action),
         prev_reward=jnp.where(truncated, 0.0, reward), first=truncated, rnn=rnn,
         epsilon=jnp.where(truncated, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),
-        episode_return=jnp.where(truncated, 0.0, episode_return))
+        episode_return=jnp.where(truncated, 0.0, episode_return),
+        episode_length=jnp.where(truncated, 0, episode_length))
     return actors, (step, finished)
 
 
@@ -631,6 +636,7 @@ def train_iteration(setup: Setup, args: Args, state: TrainState, _):
     one_hot = jax.nn.one_hot(finished["task"], TRAIN_TASKS.shape[0]) * done[..., None]
     metrics["return_sum"] = jnp.sum(one_hot * finished["return"][..., None], axis=(0, 1))
     metrics["return_count"] = jnp.sum(one_hot, axis=(0, 1))
+    metrics["length_sum"] = jnp.sum(done * finished["length"])
     metrics["epsilon"] = jnp.mean(actors.epsilon)
     return state, metrics
 

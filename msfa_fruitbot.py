@@ -513,6 +513,7 @@ class Actor(NamedTuple):
     rnn: tuple
     epsilon: jax.Array
     episode_return: jax.Array
+    episode_length: jax.Array  # env steps of the current episode so far
 
 
 class TrainState(NamedTuple):
@@ -569,7 +570,8 @@ def fresh_actors(setup: Setup, args: Args, seed_index: int, key) -> Actor:
     return Actor(seed_index=jnp.asarray(seed_index, jnp.int32), image=jnp.asarray(obs["image"]),
                  w=jnp.asarray(obs["w"]), prev_action=jnp.zeros(e, jnp.int32), prev_reward=jnp.zeros(e),
                  first=jnp.ones(e, bool), rnn=jax.tree.map(lambda x: jnp.broadcast_to(x, (e,) + x.shape), initial),
-                 epsilon=jax.random.choice(key, setup.epsilons, (e,)), episode_return=jnp.zeros(e))
+                 epsilon=jax.random.choice(key, setup.epsilons, (e,)), episode_return=jnp.zeros(e),
+                 episode_length=jnp.zeros(e, jnp.int32))
 
 
 def init_train_state(setup: Setup, args: Args, key, actors: Actor) -> TrainState:
@@ -632,11 +634,14 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     done = terminated | truncated
     step = current_step(actors)._replace(action=action, reward=reward, phi=phi, terminal=terminated)
     episode_return = actors.episode_return + reward
-    finished = {"done": done, "return": episode_return, "task": jnp.argmax(actors.w, -1)}
+    episode_length = actors.episode_length + 1
+    finished = {"done": done, "return": episode_return, "task": jnp.argmax(actors.w, -1),
+                "length": episode_length}
     actors = actors._replace(
         image=image, w=w, prev_action=jnp.where(done, 0, action), prev_reward=jnp.where(done, 0.0, reward),
         first=done, rnn=rnn, epsilon=jnp.where(done, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),
-        episode_return=jnp.where(done, 0.0, episode_return))
+        episode_return=jnp.where(done, 0.0, episode_return),
+        episode_length=jnp.where(done, 0, episode_length))
     return actors, (step, finished)
 
 
@@ -685,6 +690,7 @@ def train_iteration(setup: Setup, args: Args, state: TrainState, _):
     one_hot = jax.nn.one_hot(finished["task"], TRAIN_TASKS.shape[0]) * done[..., None]
     metrics["return_sum"] = jnp.sum(one_hot * finished["return"][..., None], axis=(0, 1))
     metrics["return_count"] = jnp.sum(one_hot, axis=(0, 1))
+    metrics["length_sum"] = jnp.sum(done * finished["length"])
     metrics["epsilon"] = jnp.mean(actors.epsilon)
     return state, metrics
 

@@ -597,6 +597,7 @@ class Actor(NamedTuple):
     rnn: tuple
     epsilon: jax.Array
     episode_return: jax.Array
+    episode_length: jax.Array  # env steps of the current episode so far
 
 
 class TrainState(NamedTuple):
@@ -677,7 +678,8 @@ def fresh_actors(setup: Setup, args: Args, k_env, k_eps, seed_index: int = 0) ->
     initial = (jnp.zeros(args.lstm_size),) * 2  # the LSTM's initial (h, c)
     return Actor(env_state=env_state, obs=obs, prev_action=jnp.zeros(e, jnp.int32), prev_reward=jnp.zeros(e),
                  first=jnp.ones(e, bool), rnn=jax.tree.map(lambda x: jnp.broadcast_to(x, (e,) + x.shape), initial),
-                 epsilon=jax.random.choice(k_eps, setup.epsilons, (e,)), episode_return=jnp.zeros(e))
+                 epsilon=jax.random.choice(k_eps, setup.epsilons, (e,)), episode_return=jnp.zeros(e),
+                 episode_length=jnp.zeros(e, jnp.int32))
 
 
 def init_train_state(setup: Setup, args: Args, key, actors: Actor | None = None) -> TrainState:
@@ -764,12 +766,15 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     if keeps_final_view(args):
         step = step._replace(final_obs=final_image)
     episode_return = actors.episode_return + reward
-    finished = {"done": done, "return": episode_return, "task": jnp.argmax(actors.obs.w, -1)}
+    episode_length = actors.episode_length + 1
+    finished = {"done": done, "return": episode_return, "task": jnp.argmax(actors.obs.w, -1),
+                "length": episode_length}
     actors = Actor(
         env_state=env_state, obs=obs, prev_action=jnp.where(done, 0, action),
         prev_reward=jnp.where(done, 0.0, reward), first=done, rnn=rnn,
         epsilon=jnp.where(done, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),
-        episode_return=jnp.where(done, 0.0, episode_return))
+        episode_return=jnp.where(done, 0.0, episode_return),
+        episode_length=jnp.where(done, 0, episode_length))
     return actors, (step, finished)
 
 
@@ -820,6 +825,7 @@ def train_iteration(setup: Setup, args: Args, state: TrainState, _):
     one_hot = jax.nn.one_hot(finished["task"], env_module(args).TRAIN_TASKS.shape[0]) * done[..., None]
     metrics["return_sum"] = jnp.sum(one_hot * finished["return"][..., None], axis=(0, 1))
     metrics["return_count"] = jnp.sum(one_hot, axis=(0, 1))
+    metrics["length_sum"] = jnp.sum(done * finished["length"])
     metrics["epsilon"] = jnp.mean(actors.epsilon)
     return state, metrics
 

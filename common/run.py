@@ -510,16 +510,18 @@ def cumulant_columns(num_categories: int) -> list[str]:
 
 def metric_fields(loss_names: tuple[str, ...], train_tasks: list[str], num_cumulants: int = 0) -> list[str]:
     """The columns of metrics.csv: step, seed, sps, ..., the losses, the quality of learned cumulants (methods that
-    learn them: num_cumulants > 0), and the training return per train task."""
-    return (["step", "seed", "sps", "sgd_steps", "epsilon", *loss_names, "rss_gb", *cumulant_columns(num_cumulants)]
-            + [f"return_train_{w}" for w in train_tasks])
+    learn them: num_cumulants > 0), the mean length of the training episodes, and the training return per train
+    task."""
+    return (["step", "seed", "sps", "sgd_steps", "epsilon", *loss_names, "rss_gb", *cumulant_columns(num_cumulants),
+             "episode_length"] + [f"return_train_{w}" for w in train_tasks])
 
 
 def metric_rows(metrics: dict, sgd_steps, seeds: list[int], step: int, sps: float, loss_names: tuple[str, ...],
                 train_tasks: list[str]) -> list[dict]:
     """metrics.csv rows of every seed from a chunk's metrics [seeds, iterations, ...]: losses average the
     iterations that learned ("learning" > 0), training returns the episodes that ended in the chunk ("return_sum",
-    "return_count" per train task); "" where there were none."""
+    "return_count" per train task), and episode_length their mean length in env steps ("length_sum": in Fruitbot a
+    lifetime's, so it shows survival before returns move); "" where there were none."""
     rows = []
     for i, seed in enumerate(seeds):
         m = {k: v[i] for k, v in metrics.items()}
@@ -534,6 +536,7 @@ def metric_rows(metrics: dict, sgd_steps, seeds: list[int], step: int, sps: floa
                 for k, v in enumerate(values):
                     row[f"phi_{name}_{k + 1}"] = "" if np.isnan(v) else round(float(v), 5)
         counts, sums = m["return_count"].sum(0), m["return_sum"].sum(0)
+        row["episode_length"] = float(m["length_sum"].sum() / counts.sum()) if counts.sum() else ""
         for t, w in enumerate(train_tasks):
             row[f"return_train_{w}"] = float(sums[t] / counts[t]) if counts[t] else ""
         rows.append(row)

@@ -271,6 +271,8 @@ def test_tiny_run_with_the_time_limit_as_termination(variant, tmp_path):
     script.main(args)
     metrics = read(tmp_path / "run" / "metrics.csv")
     assert len(metrics) == 2 and np.isfinite(float(metrics[-1]["loss"]))
+    # each env has made 128 steps by the first row (no episode ended yet) and 256 by the second (one 200-step episode)
+    assert metrics[0]["episode_length"] == "" and float(metrics[1]["episode_length"]) == 200.0
     if variant == "uvfa":
         return
     # what replay holds after 26 iterations of 8 steps in each of 4 envs (each crosses the limit at its step 200):

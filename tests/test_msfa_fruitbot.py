@@ -131,6 +131,9 @@ def test_tiny_run_end_to_end(tmp_path, capsys):
     assert len({r["task"] for r in rows}) == len(TRAIN_TASKS) + len(TEST_TASKS)
     metrics = list(csv.DictReader(open(run / "metrics.csv")))
     assert int(metrics[-1]["sgd_steps"]) > 0
+    # lifetimes end (random-like play dies within tens of steps) and none is longer than an env's steps so far
+    ended = [r for r in metrics if r["episode_length"]]
+    assert ended and all(1 <= float(r["episode_length"]) <= int(r["step"]) / TINY["num_envs"] for r in ended)
     assert (run / "params_seed1.eqx").exists() and (run / "checkpoint.eqx").exists()
     # resume: finishes the run from the checkpoint (the host envs start new episodes)
     script.main(script.Args(**TINY | dict(total_timesteps=128, log_every=32, eval_every=64, num_seeds=2,
