@@ -544,11 +544,14 @@ def metric_rows(metrics: dict, sgd_steps, seeds: list[int], step: int, sps: floa
 
 
 def progress_line(rows: list[dict], total_steps: int, eta_seconds: float) -> str:
-    """The progress line of a chunk's metrics rows (one per seed): steps, SPS, ETA, mean train return and loss."""
+    """The progress line of a chunk's metrics rows (one per seed): steps, SPS, ETA, mean train return, mean episode
+    length and loss."""
     returns = [v for r in rows for k, v in r.items() if k.startswith("return_train") and v != ""]
+    lengths = [r["episode_length"] for r in rows if r["episode_length"] != ""]
     loss = [r["loss"] for r in rows if r["loss"] != ""]
     return (f"step {rows[0]['step']:,}/{total_steps:,} | {rows[0]['sps']:,.0f} SPS | ETA {eta_seconds / 60:.1f} min | "
             f"train return {f'{np.mean(returns):.2f}' if returns else '-'} | "
+            f"episode length {f'{np.mean(lengths):.0f}' if lengths else '-'} | "
             f"loss {f'{np.mean(loss):.4f}' if loss else '-'} | sgd steps {rows[0]['sgd_steps']:,} | "
             f"RSS {peak_rss_gb():.1f} GB")
 

@@ -338,7 +338,7 @@ def test_metric_rows_hand_worked():
     """One seed, a chunk of 2 iterations, 2 train tasks: iteration 0 learned and ended 1 episode of task 0 (return 1,
     length 30); iteration 1 did not learn and ended 2 of task 0 (returns 0, 2) and 1 of task 1 (return 4), lengths
     40 + 50 + 80. Losses average the learning iteration only; returns and lengths pool the chunk's episodes."""
-    from common.run import metric_fields, metric_rows
+    from common.run import metric_fields, metric_rows, progress_line
 
     metrics = {k: np.asarray(v)[None] for k, v in {
         "learning": [1.0, 0.0], "loss": [0.5, 0.0], "epsilon": [0.1, 0.3],
@@ -349,6 +349,7 @@ def test_metric_rows_hand_worked():
     assert row["epsilon"] == pytest.approx(0.2)
     assert row["episode_length"] == 50.0  # (30 + 170) / 4 episodes
     assert row["return_train_1,0"] == 1.0 and row["return_train_0,1"] == 4.0  # (1 + 2) / 3 and 4 / 1
+    assert "train return 2.50 | episode length 50 | loss 0.5000" in progress_line([row], 6400, 60.0)
     quiet = {**metrics, "return_count": np.zeros((1, 2, 2)), "return_sum": np.zeros((1, 2, 2)),
              "length_sum": np.zeros((1, 2))}
     row, = metric_rows(quiet, np.asarray([7]), [3], 640, 12.0, ("loss",), ["1,0", "0,1"])
