@@ -70,3 +70,25 @@ def replayed_evaluation(run_dir, step: int, tmp_path) -> tuple[list[dict], list[
     evaluate.main(evaluate.Args(run_dir=str(run_dir), tasks="train;test", episodes=int(ran[0]["episodes"]),
                                 seed=10_000 + step, out=str(tmp_path / "again.csv")))
     return list(csv.DictReader(open(tmp_path / "again.csv"))), ran
+
+
+def assert_a_uvfa_training_iteration_traces(args: "uvfa.Args", num_train_tasks: int) -> None:
+    """uvfa.py's run state on its host envs (one seed) and one jitted training iteration (acting through the host
+    envs' io_callback, replay, an SGD step), traced with jax.eval_shape, so nothing is compiled or run: the iteration
+    keeps the state's shapes and logs per-task returns. What a tiny run of a UVFA variant would find wrong in its
+    network's shapes on an env, found in seconds; one variant per env still runs for real (the loop is the same)."""
+    setup = uvfa.make_setup(args, [1])
+    key = jax.random.PRNGKey(1)
+    actors = uvfa.fresh_actors(setup, args, *jax.random.split(key), seed_index=0)
+    stack = lambda tree: jax.tree.map(lambda x: x[None], tree)  # noqa: E731  (a seed axis of one)
+    try:
+        state = jax.eval_shape(jax.vmap(lambda k, a: uvfa.init_train_state(setup, args, k, a)), key[None],
+                               stack(actors))
+        new_state, metrics = jax.eval_shape(uvfa.make_train_chunk(setup, args, 1), state)
+    finally:
+        for env in setup.env:
+            env.close()
+    assert jax.tree.structure(new_state) == jax.tree.structure(state)
+    assert all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(jax.tree.leaves(new_state),
+                                                                        jax.tree.leaves(state)))
+    assert metrics["loss"].shape == (1, 1) and metrics["return_sum"].shape == (1, 1, num_train_tasks)

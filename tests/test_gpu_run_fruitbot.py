@@ -1,13 +1,11 @@
-"""The prepared Fruitbot GPU command (results/fruitbot/gpu_run.sh): it runs end to end here on a tiny budget and
-brings back what analysis needs; bad input is refused with one line; the seed count fits the device's memory."""
+"""The prepared Fruitbot GPU command (results/fruitbot/gpu_run.sh, results/gpu_run.py --env fruitbot): one method at
+a time with two minutes kept for the final evaluation; bad input is refused with one line; the seed count fits the
+device's memory; the saved agents are hidden from what travels to the GPU and restored."""
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
@@ -18,43 +16,29 @@ from common.run import ConfigError
 from results import gpu_run
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ["--num-envs", "4", "--sequence-period", "8", "--sequence-length", "9", "--replay-size", "64",
-        "--min-replay-size", "8", "--batch-size", "4", "--samples-per-insert", "1.0", "--target-update-period", "3",
-        "--eval-episodes", "1", "--num-modules", "2", "--module-size", "8", "--attention-heads", "1",
-        "--psi-hidden", "8", "--phi-hidden", "8", "--max-levels", "1"]
 GIB = 2**30
 
 
-def test_fruitbot_gpu_run_trains_msfa_within_its_budget_and_leaves_what_can_come_back(tmp_path):
-    """One method (MSFA), one seed, a 96-step protocol with one evaluation at its end."""
+def test_fruitbot_runs_one_method_at_a_time_and_keeps_two_minutes_for_the_final_evaluation(tmp_path, monkeypatch):
+    """Fruitbot's defaults, with stand-in runs that only sleep (tests/fake_training_run.py; the shared command runs
+    a real script end to end in test_scale.py, and msfa_fruitbot.py's tiny run in test_msfa_fruitbot.py): one method at
+    a time (its replay of frames fills a GPU), each told to stop 120 s before the budget ends (--max-minutes), no
+    device memory on a CPU to decide the seeds, and the two runs' files packed."""
+    fake = "tests/fake_training_run.py"
+    monkeypatch.setitem(gpu_run.METHODS, "fruitbot", {"msfa": f"{fake} --sleep 2", "usfa": f"{fake} --sleep 0"})
     out, work = tmp_path / "out", tmp_path / "work"
-    extra = " ".join([*TINY, "--total-timesteps", "96", "--log-every", "32", "--eval-every", "96"])
-    budget = 150
-    start = time.time()
-    done = subprocess.run(
-        ["bash", "results/fruitbot/gpu_run.sh", str(budget), str(out), "--methods", "msfa", "--num-seeds", "1",
-         f"--extra={extra}", "--work-dir", str(work), "--reserve-seconds", "30", "--min-run-seconds", "30"],
-        cwd=ROOT, env=os.environ | {"PYTHON": sys.executable}, capture_output=True, text=True,
-        timeout=budget + 120)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert time.time() - start <= budget + 5
-    files = sorted(p for p in out.rglob("*") if p.is_file())
-    assert 2 <= len(files) <= 8 and all(p.stat().st_size <= 16 * 2**20 and p.parent == out for p in files), files
+    gpu_run.main(gpu_run.Args(300, str(out), env="fruitbot", num_seeds=1, work_dir=str(work), min_run_seconds=30))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["env"] == "fruitbot" and summary["num_seeds"] == 1 and summary["concurrency"] == 1
     assert "device_bytes_limit" not in summary  # a CPU: no device memory decides the seeds
-    msfa = summary["msfa"]
-    assert msfa["command"] == "msfa_fruitbot.py" and msfa["exit_status"] == 0, msfa
-    assert msfa["steps_per_seed"] == msfa["total_timesteps"] == 96 and msfa["share_of_protocol"] == 1.0
-    assert msfa["params_seeds"] == [1] and list(summary)[-1] == "msfa"  # the one method asked for
+    assert [m for m in ("msfa", "usfa") if m in summary] == ["msfa", "usfa"] and summary["not_started"] == []
+    assert all(summary[m]["exit_status"] == 0 and summary[m]["params_seeds"] == [1] for m in ("msfa", "usfa"))
     with tarfile.open(out / "results.tar.gz") as tar:
-        assert {"msfa/config.json", "msfa/metrics.csv", "msfa/eval.csv", "msfa/train.log"} <= set(tar.getnames())
-        config = json.load(tar.extractfile("msfa/config.json"))
-        eval_csv = tar.extractfile("msfa/eval.csv").read().decode().splitlines()
-    assert config["args"]["num_envs"] == 4 and config["args"]["checkpoint"] is False
-    assert len(eval_csv) == 1 + 2 * 10 and all(line.startswith("96,1,") for line in eval_csv[1:])  # GPI x tasks
-    with tarfile.open(out / "params_msfa.tar.gz") as tar:
-        assert tar.getnames() == ["msfa/params_seed1.eqx"]
+        configs = {m: json.load(tar.extractfile(f"{m}/config.json")) for m in ("msfa", "usfa")}
+    assert configs["usfa"]["started"] >= configs["msfa"]["started"] + 2  # usfa waited for msfa's slot
+    assert configs["msfa"]["args"]["max_minutes"] <= (300 - 120) / 60
+    assert sorted(p.name for p in out.iterdir()) == ["params_msfa.tar.gz", "params_usfa.tar.gz", "results.tar.gz",
+                                                     "summary.json"]
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -1,6 +1,6 @@
 """usfa.py --env minihack --learned-cumulants and uvfa.py --env minihack: the paper's MiniHack sizes, the final view
 in the terminal transition's learned cumulant, bad input (USFA without learned cumulants has no phi there), and tiny
-runs of every variant through the host env."""
+runs through the host env (USFA, MVFA; UVFA and UVFA-FARM traced through a training iteration)."""
 
 import csv
 
@@ -13,7 +13,7 @@ import usfa
 import uvfa
 from common.minihack import TEST_TASKS, TRAIN_TASKS
 from common.networks import count_params
-from helpers import replayed_evaluation
+from helpers import replayed_evaluation, assert_a_uvfa_training_iteration_traces
 
 RUN = dict(env="minihack", num_envs=4, sequence_period=8, sequence_length=9, replay_size=64, min_replay_size=8,
            batch_size=4, samples_per_insert=1.0, target_update_period=3, eval_episodes=1, lstm_size=16)
@@ -98,10 +98,19 @@ def test_usfa_tiny_run_end_to_end(tmp_path, capsys):
     assert again == ran and {r["task"] for r in again} == ALL_TASKS
 
 
-@pytest.mark.parametrize("flags", [{}, {"farm": True}, {"modular": True}], ids=["uvfa", "farm", "mvfa"])
-def test_uvfa_tiny_run_end_to_end(flags, tmp_path):
+@pytest.mark.parametrize("flags", [{}, {"farm": True}], ids=["uvfa", "farm"])
+def test_the_other_uvfa_variants_train_on_this_env(flags):
+    """UVFA's and UVFA-FARM's networks on this env's observations, through a whole training iteration (traced, not
+    run; MVFA runs for real below)."""
+    assert_a_uvfa_training_iteration_traces(uvfa.Args(**TINY_UVFA | flags), len(TRAIN_TASKS))
+
+
+def test_uvfa_tiny_run_end_to_end(tmp_path):
+    """MVFA (FARM modules, a Q head per module), the variant with the most machinery, runs for real; the others'
+    networks are traced through training above (the loop, replay and evaluation code is the same for all)."""
     run = tmp_path / "run"
-    uvfa.main(uvfa.Args(**TINY_UVFA | flags | dict(total_timesteps=64, log_every=32, eval_every=64, run_dir=str(run))))
+    uvfa.main(uvfa.Args(**TINY_UVFA | dict(modular=True, total_timesteps=64, log_every=32, eval_every=64,
+                                           run_dir=str(run))))
     rows = list(csv.DictReader(open(run / "eval.csv")))
     assert {r["gpi"] for r in rows} == {"0"} and {r["task"] for r in rows} == ALL_TASKS
     assert int(list(csv.DictReader(open(run / "metrics.csv")))[-1]["sgd_steps"]) > 0

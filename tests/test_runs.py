@@ -62,7 +62,7 @@ def finished(tmp_path_factory):
 
 # ------------------------------------------------------------------------------------------ Ctrl-C, then resume
 def test_sigint_at_a_random_moment_then_resume_gives_the_uninterrupted_run(tmp_path):
-    total = ["--total-timesteps", str(64 * 150), "--log-every", "64", "--eval-every", "100000", "--seed", "5"]
+    total = ["--total-timesteps", str(64 * 40), "--log-every", "64", "--eval-every", "100000", "--seed", "5"]
     env = os.environ | {"PYTHONPATH": str(ROOT)}  # with conftest.py's compilation cache
     run_dir = tmp_path / "interrupted"
     command = [sys.executable, "msfa_babyai.py", *FLAGS, *total, "--run-dir", str(run_dir)]
@@ -79,7 +79,7 @@ def test_sigint_at_a_random_moment_then_resume_gives_the_uninterrupted_run(tmp_p
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert err.strip().endswith(f"resume with: python msfa_babyai.py --resume --run-dir {run_dir}"), err
     stopped_at = json.loads((run_dir / "checkpoint.eqx").open("rb").readline())["step"]
-    assert 64 <= stopped_at < 64 * 150
+    assert 64 <= stopped_at < 64 * 40  # a chunk takes ~0.3 s here: the signal lands within a few
 
     resumed = subprocess.run([sys.executable, "msfa_babyai.py", "--resume", "--run-dir", str(run_dir)], cwd=ROOT,
                              env=env, capture_output=True, text=True, timeout=600)

@@ -6,5 +6,5 @@
 # 8 files of at most 16 MiB in OUT_DIR (summary.json, results.tar.gz, params_<method>[_<k>].tar.gz).
 # The GPU machine lacks flashbax, gymnax, tyro, minigrid and tensorboardX: build their wheels here first with
 # `bash results/babyai/gpu_wheels.sh` (into .whl/) and carry .whl; results/gpu_run.sh installs them when missing.
-# Tests run it on the CPU with a tiny budget and tiny settings (--extra "..."): the same commands, smaller numbers.
+# Tests run it on the CPU at tiny settings (--extra "..."): the same commands, smaller numbers.
 exec bash "$(dirname "$0")/../gpu_run.sh" babyai "$@"

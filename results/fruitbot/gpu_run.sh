@@ -7,5 +7,5 @@
 # most 8 files of at most 16 MiB in OUT_DIR (summary.json, results.tar.gz, params_<method>[_<k>].tar.gz).
 # The GPU machine lacks procgen, gym3 and the packages BabyAI needs: build their wheels here first with
 # `bash results/fruitbot/gpu_wheels.sh` (into .whl-fruitbot/) and carry .whl-fruitbot.
-# Tests run it on the CPU with a tiny budget and tiny settings (--extra "..."): the same commands, smaller numbers.
+# Tests run it on the CPU at tiny settings (--extra "..."): the same commands, smaller numbers.
 exec bash "$(dirname "$0")/../gpu_run.sh" fruitbot "$@"
