@@ -6,8 +6,10 @@ must finish inside the command and bring back what analysis needs (eval.csv, met
 small parameter files), never the replay-holding checkpoints. This driver trains the paper protocol (every script's
 defaults: BabyAI 5M env steps, Fruitbot 10M, MiniHack 3M, at replay ratio 6) for --num-seeds vmapped seeds per
 method, in the order the paper's claims need most (methods that a committed results/<env>/paper_protocol_*/ folder
-already holds go last: no run resumes across lent GPUs, so a new method teaches more than a replicate), --concurrency methods at a time on the one GPU (BabyAI: two, as an SGD step is
-latency-bound and two processes overlap well; Fruitbot: one, as its replay of frames takes tens of GiB). On a GPU,
+already holds go last: no run resumes across lent GPUs, so a new method teaches more than a replicate),
+--concurrency methods at a time on the one GPU (BabyAI: two, as an SGD step is latency-bound and two processes
+overlap well; Fruitbot: one, as its replay of frames takes tens of GiB; MiniHack: one, as an SGD step of 10 seeds
+needs 42 GiB of scratch). On a GPU,
 Fruitbot trains as many seeds as fit its memory (seeds_that_fit). Each run stops itself by --max-minutes before the
 budget ends, evaluates, and writes its parameters; a run that finishes early frees its slot for the next method.
 What share of the protocol each method reached is written to summary.json.
@@ -70,11 +72,16 @@ METHODS = {  # per env, in the order the paper's claims need them: name -> scrip
         "mvfa": "uvfa.py --env minihack --modular",
     },
 }
-CONCURRENCY = {"babyai": 2, "fruitbot": 1, "minihack": 2}
-"""methods trained at once unless --concurrency says otherwise"""
-RESERVE_SECONDS = {"babyai": 60.0, "fruitbot": 120.0, "minihack": 60.0}
-"""kept back at the end unless --reserve-seconds says otherwise (Fruitbot's final evaluation plays 200 lifetimes of up
-to 4,000 steps per seed with the envs on the host)"""
+CONCURRENCY = {"babyai": 2, "fruitbot": 1, "minihack": 1}
+"""methods trained at once unless --concurrency says otherwise. Fruitbot: one replay of frames fills a GPU. MiniHack:
+an SGD step of 10 vmapped seeds needs 42 GiB of scratch (4.2 GiB per seed, XLA's memory analysis; the Impala torso
+on 8 x 41 crops and their final views), and two at once did not fit an H200 (2026-11-27: MSFA stopped with
+RESOURCE_EXHAUSTED while USFA-learned ran beside it)"""
+RESERVE_SECONDS = {"babyai": 60.0, "fruitbot": 120.0, "minihack": 180.0}
+"""kept back at the end unless --reserve-seconds says otherwise. The host envs' final evaluation is slow: Fruitbot's
+plays 200 lifetimes of up to 4,000 steps per seed; MiniHack's makes 80 fresh NLE envs per seed and GPI setting and
+plays them to the end (~14 s per seed on this repository's 2-core CPU, so ~140 s for 10 seeds; a 60 s reserve saw
+both runs killed mid-evaluation on the H200)"""
 FIT_SEEDS = ("fruitbot",)
 """envs whose replay (64x64x3 frames: 33 GiB per seed at the paper's 70k sequences) limits the seeds a GPU holds"""
 PAPER_SEEDS = 10
@@ -100,13 +107,14 @@ class Args:
     """methods in the order to run them (default: every method of --env, in the order the paper's claims need them,
     those already committed under results/<env>/paper_protocol_*/ last)"""
     concurrency: int | None = None
-    """methods trained at the same time on the one GPU (default 2 for babyai and minihack, 1 for fruitbot)"""
+    """methods trained at the same time on the one GPU (default 2 for babyai, 1 for fruitbot and minihack)"""
     extra: str = ""
     """flags added to every run (tests use tiny settings here; the GPU run uses the paper's defaults)"""
     work_dir: str = "/tmp/msfa-gpu-runs"
     """where the run directories go (outside out_dir: they hold more files than can come back)"""
     reserve_seconds: float | None = None
-    """kept back at the end for the runs' final evaluation and for packing (default 120 for fruitbot, else 60)"""
+    """kept back at the end for the runs' final evaluation and for packing (default 60 for babyai, 120 for fruitbot,
+    180 for minihack)"""
     min_run_seconds: float = 90.0
     """a method is started only with at least this much time left (start-up and compilation take about a minute)"""
 
@@ -208,8 +216,10 @@ def pack(work: Path, out: Path, started: list[str], summary: dict) -> None:
 
 def committed_methods(env: str, results: Path = ROOT / "results") -> set[str]:
     """Methods whose paper-protocol run on a lent GPU is already committed (results/<env>/paper_protocol_*/<method>/
-    with an eval.csv)."""
-    return {p.parent.name for p in (results / env).glob("paper_protocol_*/*/eval.csv")}
+    with an eval.csv holding at least one evaluation: a run stopped before its first evaluation taught little and is
+    run again)."""
+    return {p.parent.name for p in (results / env).glob("paper_protocol_*/*/eval.csv")
+            if len(p.read_text().splitlines()) > 1}
 
 
 def default_order(env: str, results: Path = ROOT / "results") -> tuple[str, ...]:

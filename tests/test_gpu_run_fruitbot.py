@@ -1,6 +1,6 @@
-"""The prepared Fruitbot GPU command (results/fruitbot/gpu_run.sh, results/gpu_run.py --env fruitbot): one method at
-a time with two minutes kept for the final evaluation; bad input is refused with one line; the seed count fits the
-device's memory; the saved agents are hidden from what travels to the GPU and restored."""
+"""The prepared Fruitbot GPU command (results/fruitbot/gpu_run.sh, results/gpu_run.py --env fruitbot), and
+MiniHack's: one method at a time with time kept for the final evaluation; bad input is refused with one line; the
+seed count fits the device's memory; the saved agents are hidden from what travels to the GPU and restored."""
 
 import json
 import shutil
@@ -19,24 +19,27 @@ ROOT = Path(__file__).resolve().parent.parent
 GIB = 2**30
 
 
-def test_fruitbot_runs_one_method_at_a_time_and_keeps_two_minutes_for_the_final_evaluation(tmp_path, monkeypatch):
-    """Fruitbot's defaults, with stand-in runs that only sleep (tests/fake_training_run.py; the shared command runs
-    a real script end to end in test_scale.py, and msfa_fruitbot.py's tiny run in test_msfa_fruitbot.py): one method at
-    a time (its replay of frames fills a GPU), each told to stop 120 s before the budget ends (--max-minutes), no
-    device memory on a CPU to decide the seeds, and the two runs' files packed."""
+@pytest.mark.parametrize("env, reserve", [("fruitbot", 120), ("minihack", 180)])
+def test_host_env_commands_run_one_method_at_a_time_and_keep_time_for_the_final_evaluation(env, reserve, tmp_path,
+                                                                                           monkeypatch):
+    """Fruitbot's and MiniHack's defaults, with stand-in runs that only sleep (tests/fake_training_run.py; the shared
+    command runs a real script end to end in test_scale.py, and each script's tiny run is in its own tests): one method
+    at a time (Fruitbot's replay of frames fills a GPU; MiniHack's SGD step of 10 seeds needs 42 GiB), each told to
+    stop the env's reserve before the budget ends (--max-minutes: the host envs' final evaluation is slow), no device
+    memory on a CPU to decide the seeds, and the two runs' files packed."""
     fake = "tests/fake_training_run.py"
-    monkeypatch.setitem(gpu_run.METHODS, "fruitbot", {"msfa": f"{fake} --sleep 2", "usfa": f"{fake} --sleep 0"})
+    monkeypatch.setitem(gpu_run.METHODS, env, {"msfa": f"{fake} --sleep 2", "usfa": f"{fake} --sleep 0"})
     out, work = tmp_path / "out", tmp_path / "work"
-    gpu_run.main(gpu_run.Args(300, str(out), env="fruitbot", num_seeds=1, work_dir=str(work), min_run_seconds=30))
+    gpu_run.main(gpu_run.Args(300, str(out), env=env, num_seeds=1, work_dir=str(work), min_run_seconds=30))
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["env"] == "fruitbot" and summary["num_seeds"] == 1 and summary["concurrency"] == 1
+    assert summary["env"] == env and summary["num_seeds"] == 1 and summary["concurrency"] == 1
     assert "device_bytes_limit" not in summary  # a CPU: no device memory decides the seeds
     assert [m for m in ("msfa", "usfa") if m in summary] == ["msfa", "usfa"] and summary["not_started"] == []
     assert all(summary[m]["exit_status"] == 0 and summary[m]["params_seeds"] == [1] for m in ("msfa", "usfa"))
     with tarfile.open(out / "results.tar.gz") as tar:
         configs = {m: json.load(tar.extractfile(f"{m}/config.json")) for m in ("msfa", "usfa")}
     assert configs["usfa"]["started"] >= configs["msfa"]["started"] + 2  # usfa waited for msfa's slot
-    assert (300 - 125) / 60 < configs["msfa"]["args"]["max_minutes"] <= (300 - 120) / 60  # the 120 s reserve kept
+    assert (300 - reserve - 5) / 60 < configs["msfa"]["args"]["max_minutes"] <= (300 - reserve) / 60  # reserve kept
     assert sorted(p.name for p in out.iterdir()) == ["params_msfa.tar.gz", "params_usfa.tar.gz", "results.tar.gz",
                                                      "summary.json"]
 

@@ -157,11 +157,14 @@ def test_the_scripts_import_without_the_other_envs_packages(blocked, code):
 
 def test_methods_already_committed_run_last(tmp_path):
     """No run resumes across lent GPUs, so the default order puts methods with a committed paper-protocol folder
-    after the others (in the paper's order within each group); an eval.csv marks a method as committed."""
+    after the others (in the paper's order within each group); an eval.csv with an evaluation marks a method as
+    committed."""
     for device, name in (("h200", "msfa"), ("h100", "usfa"), ("h100", "uvfa")):
         (tmp_path / "babyai" / f"paper_protocol_{device}" / name).mkdir(parents=True)
-        (tmp_path / "babyai" / f"paper_protocol_{device}" / name / "eval.csv").write_text("step\n")
+        (tmp_path / "babyai" / f"paper_protocol_{device}" / name / "eval.csv").write_text("step,seed\n250880,1\n")
     (tmp_path / "babyai" / "paper_protocol_h100" / "mvfa").mkdir()  # no eval.csv: not committed
+    (tmp_path / "babyai" / "paper_protocol_h100" / "usfa_learned").mkdir()  # stopped before its first evaluation
+    (tmp_path / "babyai" / "paper_protocol_h100" / "usfa_learned" / "eval.csv").write_text("step,seed\n")
     order = gpu_run.default_order("babyai", tmp_path)
     assert order == ("usfa_learned", "uvfa_farm", "msfa_entangled_psi", "msfa_entangled_phi", "msfa_entangled_both",
                      "mvfa", "msfa", "usfa", "uvfa")
