@@ -45,7 +45,7 @@ from jax.experimental import io_callback
 
 from common.farm import FarmCore
 from common.minihack import (CROP, NUM_ACTIONS, ROOM_SIZES, TEST_TASKS, TRAIN_LEVELS, TRAIN_TASKS,
-                             MiniHackRooms, render, tile_set)
+                             make_rooms, render, tile_set)
 from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector
 from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, format_task, parse_args,
@@ -100,6 +100,9 @@ class Args:
     also ends the episode as a terminal transition instead of a masked truncation"""
     room_size: str = "5x5"
     """5x5 (the paper's small room: 1 monster, 1 trap) or 15x15 (the large room: 3 monsters, 15 traps)"""
+    env_workers: int = 1
+    """processes stepping each seed's envs in parallel (1: in this process; on a machine with many cores, e.g. the
+    lent GPU's 16, more: the same episodes, faster, as the seeds' envs otherwise step on one core)"""
     train_levels: int | None = None
     """training levels come from level seeds 0..train_levels-1 (0: fresh levels); default: the original's 200 for
     the small room, 1000 for the large one; evaluation levels are always fresh"""
@@ -189,7 +192,7 @@ def check_args(args: Args) -> None:
     require_positive(args, "num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every",
                      "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
                      "num_modules", "attention_heads", "projection_dim", "learning_rate", "adam_eps", "max_grad_norm",
-                     "checkpoint_minutes", "epsilon_base", "samples_per_insert")
+                     "checkpoint_minutes", "epsilon_base", "samples_per_insert", "env_workers")
     require(args.max_minutes is None or args.max_minutes > 0, f"--max-minutes must be positive, got {args.max_minutes}")
     require_non_negative(args, "q_coeff", "sf_coeff", "phi_coeff", "seed", "importance_exponent")
     require(all(x > 0 for x in args.psi_hidden + args.phi_hidden), "--psi-hidden and --phi-hidden sizes must be "
@@ -539,7 +542,7 @@ class TrainState(NamedTuple):
 
 class Setup(NamedTuple):
     """Everything static a run needs, built once from Args."""
-    envs: list  # one common.minihack.MiniHackRooms of num_envs envs per seed, stepped on the host
+    envs: list  # one common.minihack.MiniHackRooms (or ParallelRooms) of num_envs envs per seed, stepped on the host
     static: object  # the network's non-array parts (eqx.partition)
     optimizer: optax.GradientTransformation
     buffer: object  # flashbax prioritised item buffer of Sequences
@@ -551,9 +554,10 @@ def make_network(args: Args, key) -> MSFANetwork:
 
 
 def make_env(args: Args, num_envs: int, seed: int, tasks=TRAIN_TASKS, num_levels: int | None = None,
-             task_of_env=None) -> MiniHackRooms:
-    return MiniHackRooms(num_envs, tasks, size=args.room_size, seed=seed, task_of_env=task_of_env,
-                         num_levels=args.train_levels if num_levels is None else num_levels)
+             task_of_env=None):
+    """num_envs MiniHack rooms (common.minihack.MiniHackRooms, or ParallelRooms with --env-workers above 1)."""
+    return make_rooms(num_envs, tasks, workers=args.env_workers, size=args.room_size, seed=seed,
+                      task_of_env=task_of_env, num_levels=args.train_levels if num_levels is None else num_levels)
 
 
 def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:

@@ -110,6 +110,9 @@ class Args:
     """Fruitbot: levels per episode (lifetime)"""
     room_size: str = "5x5"
     """MiniHack: 5x5 (the paper's small room) or 15x15 (the large room)"""
+    env_workers: int = 1
+    """MiniHack: processes stepping each seed's envs in parallel (1: in this process; more on a machine with many
+    cores: the same episodes, faster)"""
     value_transform: str | None = None
     """the targets' value transform: identity or signed_hyperbolic (default: identity on BabyAI, signed_hyperbolic on
     Fruitbot and MiniHack, as the original)"""
@@ -208,6 +211,9 @@ def check_args(args: Args) -> None:
     require(args.env in ENVS, f"--env must be one of {', '.join(ENVS)}, got {args.env!r}")
     require(args.env != "minihack" or args.room_size in minihack.ROOM_SIZES,
             f"--room-size must be one of {', '.join(minihack.ROOM_SIZES)}, got {args.room_size!r}")
+    require(args.env_workers >= 1, f"--env-workers must be positive, got {args.env_workers}")
+    require(args.env == "minihack" or args.env_workers == 1, f"--env-workers is a MiniHack setting ({args.env}'s envs "
+                                                             f"step in this process)")
     if args.env in HOST_ENVS:
         require(not args.truncate_task_input, f"--truncate-task-input is a BabyAI setting ({args.env} tasks are whole "
                                               f"numbers)")
@@ -556,8 +562,8 @@ def make_host_env(args: Args, num_envs: int, seed: int, tasks=None, num_levels: 
     tasks = env_module(args).TRAIN_TASKS if tasks is None else tasks
     num_levels = args.train_levels if num_levels is None else num_levels
     if args.env == "minihack":
-        return minihack.MiniHackRooms(num_envs, tasks, size=args.room_size, seed=seed, num_levels=num_levels,
-                                      task_of_env=task_of_env)
+        return minihack.make_rooms(num_envs, tasks, workers=args.env_workers, size=args.room_size, seed=seed,
+                                   num_levels=num_levels, task_of_env=task_of_env)
     return fruitbot.Fruitbot(num_envs, tasks, seed=seed, distribution_mode=args.distribution_mode,
                              num_levels=num_levels, max_levels=args.max_levels, task_of_env=task_of_env)
 

@@ -1,6 +1,6 @@
 """MiniHack's observation path: env steps/s of NLE with the paper's pixel_crop against ours, in one run.
 
-    python -m benchmarks.minihack_env [--num-envs 16] [--steps 300] [--repeats 3] [--no-train-loop]
+    python -m benchmarks.minihack_env [--num-envs 16] [--steps 300] [--repeats 3] [--workers N] [--no-train-loop]
 
 Prints, for N envs of the 4 rooms (5x5) stepped with random actions (medians of the repeats, ratios to the first
 row from the same run):
@@ -9,12 +9,15 @@ row from the same run):
   NLE, tile crops     common.minihack.MiniHackRooms: NLE asked for glyphs_crop only, mapped to tile indices;
   + render (jit)      the same, plus common.minihack.render drawing every env's 64x64 image in one jitted call
                       (what the network does with each step's crops; bit-identical to the row above's images);
+  N worker processes  common.minihack.ParallelRooms: the tile-crop envs split among N processes stepping in
+                      parallel (the scripts' --env-workers; default N: this machine's cores);
   training loop       msfa_minihack.py's own jitted chunk: acting through io_callback, replay insertion and SGD
                       at the given replay ratio (paper network sizes).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import cv2
@@ -26,7 +29,8 @@ import numpy as np
 import tyro
 
 from benchmarks.host_env import timed, train_loop_sps
-from common.minihack import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, MiniHackRooms, render, room_id, tile_set
+from common.minihack import (NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, MiniHackRooms, make_rooms, render, room_id,
+                             tile_set)
 
 TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])
 
@@ -43,6 +47,8 @@ class Args:
     """also time msfa_minihack.py's whole training loop (one iteration per call: slow on a CPU)"""
     samples_per_insert: float = 6.0
     """the training loop's replay ratio (the paper's: 6)"""
+    workers: int | None = None
+    """worker processes of the parallel row (default: this machine's cores)"""
 
 
 def main(args: Args) -> None:
@@ -78,14 +84,24 @@ def main(args: Args) -> None:
             obs, *_ = ours.step(rng.integers(0, NUM_ACTIONS, n))
             draw(obs["tiles"], images).block_until_ready()
 
+    workers = min(args.workers or os.cpu_count(), n)
+    parallel = make_rooms(n, TASKS, workers=workers, seed=0, task_of_env=task_of_env)
+    parallel.reset()
+
+    def run_parallel():
+        for _ in range(steps):
+            parallel.step(rng.integers(0, NUM_ACTIONS, n))
+
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; {n} envs (4 rooms, 5x5) x {steps} steps per "
-          f"call, random actions, median of {args.repeats}")
+          f"call, random actions, median of {args.repeats}; {os.cpu_count()} cores")
     base = None
     for name, run in (("NLE + pixel_crop + cv2.resize", run_paper), ("NLE, tile crops (ours)", run_ours),
-                      ("tile crops + jitted render (ours)", run_ours_rendered)):
+                      ("tile crops + jitted render (ours)", run_ours_rendered),
+                      (f"tile crops, {workers} worker processes", run_parallel)):
         sps = n * steps / timed(run, args.repeats)
         base = base or sps
         print(f"  {name:34s} {sps:9,.0f} env steps/s  = {sps / base:5.2f} x pixel_crop")
+    parallel.close()
     if args.train_loop:
         import msfa_minihack  # a benchmark may import a script; scripts never import each other
 

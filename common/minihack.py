@@ -19,7 +19,8 @@ display RNGs both seeded with the level seed, as the original's env.seed(randint
 levels are fresh (seeds drawn far outside the training set). Reaching the stairs and dying end an episode
 (termination); the time limit, which NLE reports as end_status ABORTED, is a truncation. The envs auto-reset: the
 observation returned with an ending step is the next episode's first, and info["final_tiles"] holds the crop the
-ending step led to.
+ending step led to. Each env draws its rooms and levels from its own random stream, so `ParallelRooms` (the envs
+split among worker processes, for machines with cores to spare; the scripts' --env-workers) plays the same episodes.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ class MiniHackRooms:
     to, before any reset), w (the task of the step)."""
 
     def __init__(self, num_envs: int, tasks=TRAIN_TASKS, *, size: str = "5x5", seed: int = 0,
-                 num_levels: int | None = None, task_of_env=None):
+                 num_levels: int | None = None, task_of_env=None, first_env: int = 0):
         tasks = np.asarray(tasks, np.float32)
         require(num_envs > 0, f"num_envs must be positive, got {num_envs}")
         require(size in ROOM_SIZES, f"the MiniHack room size must be one of {ROOM_SIZES}, got {size!r}")
@@ -142,7 +143,9 @@ class MiniHackRooms:
         require(self.task_of_env is None or (self.task_of_env.shape == (num_envs,)
                                              and 0 <= self.task_of_env.min() and self.task_of_env.max() < len(tasks)),
                 f"task_of_env must give each of the {num_envs} envs a task index below {len(tasks)}")
-        self.rng = np.random.default_rng(seed)
+        # each env draws its rooms and levels from its own stream (seed, index), so that splitting the envs among
+        # worker processes (ParallelRooms; first_env: the index of this object's env 0) plays the same episodes
+        self.rngs = [np.random.default_rng((seed, first_env + i)) for i in range(num_envs)]
         self.glyph_to_tile = tile_set()[1]
         self.envs = [{} for _ in range(num_envs)]  # env i's NLE instance of each room it has played, made on demand
         self.task = np.zeros(num_envs, np.int64)
@@ -157,16 +160,17 @@ class MiniHackRooms:
             env = self.envs[i][task] = made.unwrapped  # no gymnasium checkers on the hot path
         return env
 
-    def _level_seed(self) -> int:
+    def _level_seed(self, rng) -> int:
         if self.num_levels:
-            return int(self.rng.integers(self.num_levels))
-        return EVAL_SEED_OFFSET + int(self.rng.integers(1 << 40))
+            return int(rng.integers(self.num_levels))
+        return EVAL_SEED_OFFSET + int(rng.integers(1 << 40))
 
     def _start(self, i: int) -> np.ndarray:
         """Start env i's next episode in a room drawn for it; returns its first crop as tile indices."""
-        self.task[i] = self.task_of_env[i] if self.task_of_env is not None else self.rng.integers(len(self.tasks))
+        rng = self.rngs[i]
+        self.task[i] = self.task_of_env[i] if self.task_of_env is not None else rng.integers(len(self.tasks))
         env = self._room(i, self.task[i])
-        level = self._level_seed()
+        level = self._level_seed(rng)
         env.seed(level, level, reseed=False)
         obs, _ = env.reset()
         return self.glyph_to_tile[obs["glyphs_crop"]]
@@ -208,6 +212,128 @@ class MiniHackRooms:
         for rooms in self.envs:
             for env in rooms.values():
                 env.close()
+
+
+def _serve_rooms() -> None:
+    """A worker process of ParallelRooms: builds its slice of the envs from the first message on stdin, then answers
+    each command (reset, step with actions, close) with one pickled reply on stdout, until close or until its parent
+    is gone (stdin ends). Ctrl-C is the parent's to handle (it checkpoints at the next chunk, and needs the envs until
+    then), so the worker ignores SIGINT."""
+    import os
+    import signal
+    import sys
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    inbox, outbox = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything NLE or MiniHack prints goes to stderr, not into the replies
+    env = MiniHackRooms(**pickle.load(inbox))
+    while True:
+        try:
+            command, data = pickle.load(inbox)
+        except EOFError:  # the parent exited without close()
+            return
+        try:
+            reply = ("ok", env.reset() if command == "reset" else env.step(data) if command == "step" else env.close())
+        except Exception as error:  # noqa: BLE001  (handed to the parent, which raises it)
+            reply = ("error", error)
+        pickle.dump(reply, outbox, protocol=pickle.HIGHEST_PROTOCOL)
+        outbox.flush()
+        if command == "close" or reply[0] == "error":
+            return
+
+
+class ParallelRooms:
+    """MiniHackRooms with its envs split among worker processes that step in parallel: the same interface and the same
+    episodes (each env has its own random stream), for machines with cores to spare. Under the seed vmap a training
+    script steps its seeds' envs one seed at a time (io_callback), so one process steps every env of every seed; with
+    workers, a seed's envs step on several cores at once. Each worker is a fresh Python (`python -c`, not a fork of
+    this process, which runs JAX's threads, nor multiprocessing's spawn, which would import the training script again)
+    talking pickles over its stdin and stdout."""
+
+    def __init__(self, num_envs: int, tasks=TRAIN_TASKS, *, workers: int, **kwargs):
+        import os
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        require(workers >= 2, f"ParallelRooms needs at least 2 workers (1: use MiniHackRooms), got {workers}")
+        require(num_envs >= workers, f"ParallelRooms needs at least one env per worker: {num_envs} envs, {workers} "
+                                     f"workers")
+        task_of_env = kwargs.pop("task_of_env", None)
+        MiniHackRooms(num_envs, tasks, task_of_env=task_of_env, **kwargs)  # bad settings: one line, here
+        self.num_envs, self.tasks = num_envs, np.asarray(tasks, np.float32)
+        bounds = np.linspace(0, num_envs, workers + 1).astype(int)
+        self.slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+        root = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        self.procs = []
+        for part in self.slices:
+            proc = subprocess.Popen([sys.executable, "-c", "from common.minihack import _serve_rooms; _serve_rooms()"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=root)
+            pickle.dump(dict(kwargs, num_envs=part.stop - part.start, tasks=self.tasks, first_env=part.start,
+                             task_of_env=None if task_of_env is None else np.asarray(task_of_env)[part]),
+                        proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            self.procs.append(proc)
+
+    def _all(self, command: str, data=None):
+        for proc, part in zip(self.procs, self.slices):
+            pickle.dump((command, None if data is None else data[part]), proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            proc.stdin.flush()
+        replies = []
+        for proc in self.procs:
+            try:
+                replies.append(pickle.load(proc.stdout))
+            except EOFError:
+                raise RuntimeError(f"a MiniHack worker process ended (exit status {proc.wait()}); its error is on "
+                                   f"stderr above") from None
+        for status, reply in replies:
+            if status == "error":
+                self.close()
+                raise reply
+        return [reply for _, reply in replies]
+
+    @staticmethod
+    def _join(parts):
+        """Concatenate the workers' replies along the env axis (arrays, dicts of arrays, tuples of those)."""
+        first = parts[0]
+        if isinstance(first, dict):
+            return {k: ParallelRooms._join([p[k] for p in parts]) for k in first}
+        if isinstance(first, tuple):
+            return tuple(ParallelRooms._join(list(x)) for x in zip(*parts))
+        return np.concatenate(parts)
+
+    def reset(self):
+        return self._join(self._all("reset"))
+
+    def step(self, actions):
+        actions = np.asarray(actions)
+        require(actions.shape == (self.num_envs,) and np.all((0 <= actions) & (actions < NUM_ACTIONS)),
+                f"actions must be {self.num_envs} integers in [0, {NUM_ACTIONS}), got {actions!r}")
+        return self._join(self._all("step", actions))
+
+    def close(self):
+        """Ends the workers (those already gone are skipped); safe to call twice."""
+        procs, self.procs = self.procs, []
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    pickle.dump(("close", None), proc.stdin)
+                    proc.stdin.close()
+                except (BrokenPipeError, OSError):
+                    pass
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except Exception:  # noqa: BLE001
+                proc.kill()
+
+
+def make_rooms(num_envs: int, tasks=TRAIN_TASKS, *, workers: int = 1, **kwargs):
+    """The rooms in this process (workers=1) or split among `workers` processes (ParallelRooms)."""
+    require(workers >= 1, f"the env workers must be at least 1, got {workers}")
+    workers = min(workers, num_envs)
+    return MiniHackRooms(num_envs, tasks, **kwargs) if workers == 1 else ParallelRooms(num_envs, tasks,
+                                                                                       workers=workers, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

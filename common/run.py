@@ -36,8 +36,9 @@ EVAL_FIELDS = ["step", "seed", "split", "task", "gpi", "episodes", "return_mean"
 
 RUN_FILES = ("config.json", "metrics.csv", "eval.csv", "checkpoint.eqx")
 SAFE_TO_CHANGE = ("total_timesteps", "eval_every", "log_every", "track", "checkpoint_minutes", "checkpoint",
-                  "max_minutes", "wandb_project_name", "wandb_entity")
-"""settings a resumed run may change: they decide how long it runs and what it records, not what it learns"""
+                  "max_minutes", "wandb_project_name", "wandb_entity", "env_workers")
+"""settings a resumed run may change: they decide how long it runs, what it records, or how many processes step the
+host envs (the same episodes either way), not what it learns"""
 NOT_SETTINGS = ("run_dir", "resume", "overwrite")
 """arguments that say where and how to start, not what the run is"""
 

@@ -17,10 +17,10 @@ def test_learner_benchmark_batch_is_a_valid_replay_item(name):
 
 
 def test_minihack_benchmark_runs_its_env_rows(capsys):
-    """The MiniHack observation benchmark's env rows on a few steps (the training-loop row compiles the Impala
-    network: left to the benchmark itself)."""
+    """The MiniHack observation benchmark's env rows on a few steps, worker processes included (the training-loop row
+    compiles the Impala network: left to the benchmark itself)."""
     from benchmarks import minihack_env
 
     minihack_env.main(minihack_env.Args(num_envs=4, steps=3, repeats=1, train_loop=False))
     out = capsys.readouterr().out
-    assert "NLE + pixel_crop" in out and "tile crops + jitted render" in out
+    assert "NLE + pixel_crop" in out and "tile crops + jitted render" in out and "worker processes" in out

@@ -9,8 +9,8 @@ import minihack  # noqa: F401  (registers the MiniHack-* gymnasium ids)
 import numpy as np
 import pytest
 
-from common.minihack import (CROP, NUM_ACTIONS, TEST_TASKS, TIME_LIMIT, TRAIN_TASKS, MiniHackRooms, render,
-                             tile_set)
+from common.minihack import (CROP, NUM_ACTIONS, TEST_TASKS, TIME_LIMIT, TRAIN_TASKS, MiniHackRooms, ParallelRooms,
+                             make_rooms, render, tile_set)
 from common.run import ConfigError
 
 ALL_TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])
@@ -145,6 +145,44 @@ def test_evaluation_pins_a_task_to_each_env():
     for _ in range(150):
         assert np.array_equal(obs["w"], ALL_TASKS)
         obs, *_ = env.step(rng.integers(0, NUM_ACTIONS, 4))
+
+
+def test_worker_processes_play_the_same_episodes_as_one_process():
+    """ParallelRooms splits the envs among worker processes; each env draws its rooms and levels from its own stream,
+    so 7 envs in 3 workers (slices of 2, 2, 3) play exactly the episodes the same 7 envs play in this process: the
+    same crops, rewards, ends and final views, through many resets (training levels, and fresh levels with pinned
+    tasks as evaluation uses)."""
+    for kwargs in (dict(seed=4), dict(seed=9, num_levels=0, task_of_env=np.arange(7) % 4)):
+        one, split = make_rooms(7, ALL_TASKS, **kwargs), make_rooms(7, ALL_TASKS, workers=3, **kwargs)
+        assert isinstance(one, MiniHackRooms) and isinstance(split, ParallelRooms)
+        rng = np.random.default_rng(0)
+        a, b = one.reset(), split.reset()
+        ends = 0
+        for t in range(120):
+            assert all(np.array_equal(a[k], b[k]) for k in ("tiles", "w")), f"step {t}"
+            actions = rng.integers(0, NUM_ACTIONS, 7)
+            (a, *rest_a), (b, *rest_b) = one.step(actions), split.step(actions)
+            for x, y in zip(rest_a[:3], rest_b[:3]):
+                assert np.array_equal(x, y), f"step {t}"
+            assert all(np.array_equal(rest_a[3][k], rest_b[3][k]) for k in rest_a[3]), f"step {t}"
+            ends += int(np.sum(rest_a[1] | rest_a[2]))
+        assert ends >= 7  # episodes ended and restarted in new rooms and levels
+        one.close()
+        split.close()
+        split.close()  # safe twice
+
+
+def test_worker_processes_refuse_bad_input_with_one_line():
+    with pytest.raises(ConfigError, match="the env workers must be at least 1"):
+        make_rooms(4, workers=0)
+    with pytest.raises(ConfigError, match="room size"):  # checked here, before any worker starts
+        make_rooms(4, size="10x10", workers=2)
+    assert isinstance(make_rooms(1, workers=4), MiniHackRooms)  # one env: no worker to split among
+    env = make_rooms(4, workers=2)
+    env.reset()
+    with pytest.raises(ConfigError, match="actions must be"):
+        env.step(np.array([0, 1, 2, NUM_ACTIONS]))
+    env.close()
 
 
 @pytest.mark.parametrize("make, message", [

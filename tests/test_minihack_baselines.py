@@ -72,6 +72,9 @@ def test_the_terminal_transitions_next_state_sees_the_final_view():
     (usfa, dict(env="minihack", learned_cumulants=True, room_size="7x7"), "--room-size must be one of 5x5, 15x15"),
     (uvfa, dict(env="minihack", room_size="7x7"), "--room-size must be one of 5x5, 15x15"),
     (uvfa, dict(env="minihack", truncate_task_input=True), "--truncate-task-input is a BabyAI setting"),
+    (usfa, dict(env="babyai", env_workers=2), "--env-workers is a MiniHack setting"),
+    (uvfa, dict(env="fruitbot", env_workers=2), "--env-workers is a MiniHack setting"),
+    (uvfa, dict(env="minihack", env_workers=0), "--env-workers must be positive"),
 ])
 def test_bad_input_gets_one_line(script, overrides, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
@@ -86,7 +89,7 @@ def test_usfa_tiny_run_end_to_end(tmp_path, capsys):
     with GPI and without (the original's support set), no cumulant-quality columns (MiniHack has no env phi)."""
     run = tmp_path / "run"
     usfa.main(usfa.Args(**TINY | dict(total_timesteps=64, log_every=32, eval_every=64, run_dir=str(run),
-                                      gpi_support="test")))
+                                      gpi_support="test", env_workers=2)))  # the envs in 2 worker processes
     rows = list(csv.DictReader(open(run / "eval.csv")))
     assert {r["task"] for r in rows} == ALL_TASKS and {r["gpi"] for r in rows} == {"0", "1"}
     assert {float(r["return_mean"]) for r in rows} <= {0.0, 1.0}  # one episode each: a success or not

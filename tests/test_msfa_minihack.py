@@ -111,6 +111,7 @@ def test_gpi_support_flag_picks_the_policies(monkeypatch):
     (dict(gpi_support="all"), "--gpi-support must be one of train, test"),
     (dict(num_modules=2), "--num-modules must divide the task dimension 3"),
     (dict(train_levels=-1), "--train-levels must not be negative"),
+    (dict(env_workers=0), "--env-workers must be positive"),
 ])
 def test_bad_input_gets_one_line(overrides, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
@@ -122,10 +123,11 @@ def test_bad_input_gets_one_line(overrides, message, capsys, tmp_path):
 
 def test_tiny_run_end_to_end(tmp_path, capsys):
     """Acting through the host env inside the jitted chunk, learning, evaluation in every room with and without
-    GPI, two seeds, the run directory's files, and resuming."""
+    GPI, two seeds, the run directory's files, and resuming. The first part steps each seed's envs in two worker
+    processes (--env-workers 2, as on a lent GPU), the resumed part in this process."""
     run = tmp_path / "run"
     script.main(script.Args(**TINY | dict(total_timesteps=96, log_every=32, eval_every=64, num_seeds=2,
-                                          run_dir=str(run))))
+                                          run_dir=str(run), env_workers=2)))
     out = capsys.readouterr().out
     assert "parameters (paper: 1.7M)" in out
     rows = list(csv.DictReader(open(run / "eval.csv")))
