@@ -222,8 +222,10 @@ def _serve_rooms() -> None:
     import os
     import signal
     import sys
+    import warnings
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated")  # printed once by the parent already
     inbox, outbox = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything NLE or MiniHack prints goes to stderr, not into the replies
     env = MiniHackRooms(**pickle.load(inbox))
@@ -276,16 +278,18 @@ class ParallelRooms:
             self.procs.append(proc)
 
     def _all(self, command: str, data=None):
-        for proc, part in zip(self.procs, self.slices):
-            pickle.dump((command, None if data is None else data[part]), proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
-            proc.stdin.flush()
-        replies = []
-        for proc in self.procs:
-            try:
-                replies.append(pickle.load(proc.stdout))
-            except EOFError:
-                raise RuntimeError(f"a MiniHack worker process ended (exit status {proc.wait()}); its error is on "
-                                   f"stderr above") from None
+        require(self.procs, "these MiniHack rooms were closed")
+        try:
+            for proc, part in zip(self.procs, self.slices):
+                pickle.dump((command, None if data is None else data[part]), proc.stdin,
+                            protocol=pickle.HIGHEST_PROTOCOL)
+                proc.stdin.flush()
+            replies = [pickle.load(proc.stdout) for proc in self.procs]
+        except (BrokenPipeError, EOFError):
+            gone = [f"{i} (exit status {proc.poll()})" for i, proc in enumerate(self.procs) if proc.poll() is not None]
+            self.close()
+            raise RuntimeError(f"MiniHack worker process {', '.join(gone) or '?'} ended unexpectedly; its error, if "
+                               f"any, is on stderr above") from None
         for status, reply in replies:
             if status == "error":
                 self.close()

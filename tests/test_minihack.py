@@ -182,7 +182,12 @@ def test_worker_processes_refuse_bad_input_with_one_line():
     env.reset()
     with pytest.raises(ConfigError, match="actions must be"):
         env.step(np.array([0, 1, 2, NUM_ACTIONS]))
-    env.close()
+    env.procs[1].kill()  # a worker that dies (killed, out of memory) stops the next step with one line
+    env.procs[1].wait()
+    with pytest.raises(RuntimeError, match=r"MiniHack worker process 1 \(exit status -9\) ended unexpectedly"):
+        env.step(np.zeros(4, int))
+    with pytest.raises(ConfigError, match="closed"):  # and the others were ended with it
+        env.reset()
 
 
 @pytest.mark.parametrize("make, message", [
