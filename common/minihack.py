@@ -232,7 +232,8 @@ def _serve_rooms() -> None:
     while True:
         try:
             command, data = pickle.load(inbox)
-        except EOFError:  # the parent exited without close()
+        except EOFError:  # the parent exited without close(): close the NLE envs (they remove their temp folders)
+            env.close()
             return
         try:
             reply = ("ok", env.reset() if command == "reset" else env.step(data) if command == "step" else env.close())
