@@ -209,7 +209,7 @@ def check_args(args: Args) -> None:
     require(args.env in ENVS, f"--env must be one of {', '.join(ENVS)}, got {args.env!r}")
     require(args.env != "minihack" or args.room_size in minihack.ROOM_SIZES,
             f"--room-size must be one of {', '.join(minihack.ROOM_SIZES)}, got {args.room_size!r}")
-    require(args.env_workers >= 1, f"--env-workers must be positive, got {args.env_workers}")
+    require_positive(args, "env_workers")
     require(args.env == "minihack" or args.env_workers == 1, f"--env-workers is a MiniHack setting ({args.env}'s envs "
                                                              f"step in this process)")
     if args.env in HOST_ENVS:

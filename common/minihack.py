@@ -120,6 +120,14 @@ def render(tiles, tile_images):
 # ---------------------------------------------------------------------------------------------------------------------
 # The environment
 # ---------------------------------------------------------------------------------------------------------------------
+def checked_actions(actions, num_envs: int) -> np.ndarray:
+    """actions as an array, refused with one line unless they are num_envs compass directions."""
+    actions = np.asarray(actions)
+    require(actions.shape == (num_envs,) and np.all((0 <= actions) & (actions < NUM_ACTIONS)),
+            f"actions must be {num_envs} integers in [0, {NUM_ACTIONS}), got {actions!r}")
+    return actions
+
+
 class MiniHackRooms:
     """N MiniHack room episodes stepped together on the host, the room (task) drawn per episode.
 
@@ -180,9 +188,7 @@ class MiniHackRooms:
         return {"tiles": self.tiles.copy(), "w": self.tasks[self.task]}
 
     def step(self, actions):
-        actions = np.asarray(actions)
-        require(actions.shape == (self.num_envs,) and np.all((0 <= actions) & (actions < NUM_ACTIONS)),
-                f"actions must be {self.num_envs} integers in [0, {NUM_ACTIONS}), got {actions!r}")
+        actions = checked_actions(actions, self.num_envs)
         n = self.num_envs
         w = self.tasks[self.task]
         reward = np.zeros(n, np.float32)
@@ -311,9 +317,7 @@ class ParallelRooms:
         return self._join(self._all("reset"))
 
     def step(self, actions):
-        actions = np.asarray(actions)
-        require(actions.shape == (self.num_envs,) and np.all((0 <= actions) & (actions < NUM_ACTIONS)),
-                f"actions must be {self.num_envs} integers in [0, {NUM_ACTIONS}), got {actions!r}")
+        actions = checked_actions(actions, self.num_envs)
         return self._join(self._all("step", actions))
 
     def close(self):
