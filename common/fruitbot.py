@@ -36,7 +36,7 @@ import struct
 
 import numpy as np
 
-from common.run import format_task, require
+from common.run import exit_on_config_error, format_task, require
 
 NUM_ACTIONS = 15  # procgen's full action set: 9 moves (only left/none/right matter here), fire, and 5 no-ops
 FIRE = 9
@@ -355,21 +355,35 @@ def policy_returns(policy: str, tasks=TEST_TASKS, num_episodes: int = 20, seed: 
         returns += np.where(running, reward, 0.0)
         levels = np.where(running, info["levels"], levels)
         running &= ~(terminated | truncated)
+    env.close()
     returns = returns.reshape(len(tasks), num_episodes)
     return returns.mean(1), returns.std(1, ddof=1) / np.sqrt(num_episodes), levels.mean()
 
 
-def _print_reference_table(episodes: int = 20, seed: int = 0) -> None:
-    """A markdown table of random and scripted play's lifetime return on every train and test task."""
-    print(f"| split | task | random | scripted gap-seeker |  ({episodes} lifetimes of up to {MAX_LEVELS} levels, hard, "
-          f"unrestricted levels)")
-    print("|---|---|---:|---:|")
-    for split, tasks in (("train", TRAIN_TASKS), ("test", TEST_TASKS)):
-        rand, rand_se, rand_levels = policy_returns("random", tasks, episodes, seed)
-        script, script_se, script_levels = policy_returns("scripted", tasks, episodes, seed)
-        for w, m, se, sm, sse in zip(tasks, rand, rand_se, script, script_se):
-            print(f"| {split} | {format_task(w)} | {m:.2f} ± {se:.2f} | {sm:.2f} ± {sse:.2f} |")
-        print(f"levels completed per lifetime ({split}): random {rand_levels:.2f}, scripted {script_levels:.2f}")
+POLICY_NAMES = {"random": "random", "scripted": "scripted gap-seeker"}
+
+
+def _print_reference_table(episodes: int = 20, seed: int = 0, policies=("random", "scripted"),
+                           splits=("train", "test")) -> None:
+    """A markdown table of random and/or scripted play's lifetime return on the train and/or test tasks, with each
+    split's mean over its tasks."""
+    results = {split: [policy_returns(p, {"train": TRAIN_TASKS, "test": TEST_TASKS}[split], episodes, seed)
+                       for p in policies] for split in splits}  # played first: bad input stops before any output
+    print(f"| split | task | {' | '.join(POLICY_NAMES[p] for p in policies)} |  ({episodes} lifetimes of up to "
+          f"{MAX_LEVELS} levels, hard, unrestricted levels, seed {seed})")
+    print("|---|---|" + "---:|" * len(policies))
+    for split in splits:
+        tasks = {"train": TRAIN_TASKS, "test": TEST_TASKS}[split]
+        for i, w in enumerate(tasks):
+            cells = " | ".join(f"{mean[i]:.3f} ± {se[i]:.3f}" for mean, se, _ in results[split])
+            print(f"| {split} | {format_task(w)} | {cells} |")
+        # the mean over the split's tasks and its s.e. (the tasks' lifetimes are independent)
+        overall = " | ".join(f"{mean.mean():.3f} ± {np.sqrt((se ** 2).sum()) / len(se):.3f}"
+                             for mean, se, _ in results[split])
+        print(f"| {split} | mean | {overall} |")
+    for split in splits:
+        levels = ", ".join(f"{p} {lv:.2f}" for p, (_, _, lv) in zip(policies, results[split]))
+        print(f"levels completed per lifetime ({split}): {levels}")
 
 
 if __name__ == "__main__":
@@ -378,5 +392,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="reference returns of random and scripted play on every task")
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--policies", choices=("random", "scripted", "both"), default="both")
+    parser.add_argument("--split", choices=("train", "test", "both"), default="both")
     cli = parser.parse_args()
-    _print_reference_table(cli.episodes, cli.seed)
+    exit_on_config_error(_print_reference_table)(cli.episodes, cli.seed,
+                                                 ("random", "scripted") if cli.policies == "both" else (cli.policies,),
+                                                 ("train", "test") if cli.split == "both" else (cli.split,))

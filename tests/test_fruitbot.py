@@ -159,3 +159,15 @@ def test_wrong_number_of_actions_is_refused():
     env.reset()
     with pytest.raises(ConfigError, match="actions must have shape"):
         env.step(np.zeros(3, np.int32))
+
+
+def test_the_reference_table_prints_each_task_and_the_mean_and_refuses_one_episode(capsys):
+    fruitbot._print_reference_table(episodes=8, seed=3, policies=("random",), splits=("train",))
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if line.startswith("| train |")]
+    assert [r.split(" | ")[1] for r in rows] == ["1,0,0,0", "0,1,0,0", "0,0,1,0", "0,0,0,1", "mean"]
+    means = [float(r.split(" | ")[2].split(" ± ")[0]) for r in rows]
+    assert len(set(means[:-1])) > 1 and means[-1] == pytest.approx(np.mean(means[:-1]), abs=1e-3)
+    with pytest.raises(ConfigError, match="num_episodes must be at least 2"):
+        fruitbot._print_reference_table(episodes=1, policies=("random",), splits=("train",))
+    assert capsys.readouterr().out == ""  # nothing printed before the refusal
