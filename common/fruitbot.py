@@ -337,14 +337,15 @@ def scripted_actions(env: Fruitbot, rng: np.random.Generator, epsilon: float = 0
 # Reference returns: what random play and the scripted gap-seeker get on each task (README table)
 # ---------------------------------------------------------------------------------------------------------------------
 def policy_returns(policy: str, tasks=TEST_TASKS, num_episodes: int = 20, seed: int = 0,
-                   distribution_mode: str = "hard"):
+                   distribution_mode: str = "hard", num_levels: int = 0):
     """Mean and standard error of the lifetime return of "random" or "scripted" (gap-seeking, epsilon 0) play on
-    each task, on unrestricted levels (as evaluation). Also returns the mean number of levels completed."""
+    each task, on unrestricted levels (num_levels 0, as evaluation) or on levels 0..num_levels-1 (TRAIN_LEVELS: the
+    levels training plays). Also returns the mean number of levels completed."""
     require(policy in ("random", "scripted"), f"policy must be random or scripted, got {policy!r}")
     require(num_episodes >= 2, f"num_episodes must be at least 2 to give a standard error, got {num_episodes}")
     tasks = np.asarray(tasks, np.float32)
     n = len(tasks) * num_episodes
-    env = Fruitbot(n, tasks, seed=seed, num_levels=0, distribution_mode=distribution_mode,
+    env = Fruitbot(n, tasks, seed=seed, num_levels=num_levels, distribution_mode=distribution_mode,
                    task_of_env=np.repeat(np.arange(len(tasks)), num_episodes))
     rng = np.random.default_rng(seed)
     env.reset()
@@ -364,13 +365,15 @@ POLICY_NAMES = {"random": "random", "scripted": "scripted gap-seeker"}
 
 
 def _print_reference_table(episodes: int = 20, seed: int = 0, policies=("random", "scripted"),
-                           splits=("train", "test")) -> None:
+                           splits=("train", "test"), num_levels: int = 0) -> None:
     """A markdown table of random and/or scripted play's lifetime return on the train and/or test tasks, with each
     split's mean over its tasks."""
-    results = {split: [policy_returns(p, {"train": TRAIN_TASKS, "test": TEST_TASKS}[split], episodes, seed)
+    results = {split: [policy_returns(p, {"train": TRAIN_TASKS, "test": TEST_TASKS}[split], episodes, seed,
+                                      num_levels=num_levels)
                        for p in policies] for split in splits}  # played first: bad input stops before any output
+    levels = "unrestricted levels" if num_levels == 0 else f"levels 0-{num_levels - 1}"
     print(f"| split | task | {' | '.join(POLICY_NAMES[p] for p in policies)} |  ({episodes} lifetimes of up to "
-          f"{MAX_LEVELS} levels, hard, unrestricted levels, seed {seed})")
+          f"{MAX_LEVELS} levels, hard, {levels}, seed {seed})")
     print("|---|---|" + "---:|" * len(policies))
     for split in splits:
         tasks = {"train": TRAIN_TASKS, "test": TEST_TASKS}[split]
@@ -394,7 +397,10 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policies", choices=("random", "scripted", "both"), default="both")
     parser.add_argument("--split", choices=("train", "test", "both"), default="both")
+    parser.add_argument("--num-levels", type=int, default=0,
+                        help=f"0: unrestricted levels (as evaluation); {TRAIN_LEVELS}: the levels training plays")
     cli = parser.parse_args()
     exit_on_config_error(_print_reference_table)(cli.episodes, cli.seed,
                                                  ("random", "scripted") if cli.policies == "both" else (cli.policies,),
-                                                 ("train", "test") if cli.split == "both" else (cli.split,))
+                                                 ("train", "test") if cli.split == "both" else (cli.split,),
+                                                 cli.num_levels)
