@@ -368,16 +368,15 @@ def _print_reference_table(episodes: int = 20, seed: int = 0, policies=("random"
                            splits=("train", "test"), num_levels: int = 0) -> None:
     """A markdown table of random and/or scripted play's lifetime return on the train and/or test tasks, with each
     split's mean over its tasks."""
-    results = {split: [policy_returns(p, {"train": TRAIN_TASKS, "test": TEST_TASKS}[split], episodes, seed,
-                                      num_levels=num_levels)
-                       for p in policies] for split in splits}  # played first: bad input stops before any output
-    levels = "unrestricted levels" if num_levels == 0 else f"levels 0-{num_levels - 1}"
+    split_tasks = {"train": TRAIN_TASKS, "test": TEST_TASKS}
+    results = {split: [policy_returns(p, split_tasks[split], episodes, seed, num_levels=num_levels) for p in policies]
+               for split in splits}  # played first: bad input stops before any output
+    level_set = "unrestricted levels" if num_levels == 0 else f"levels 0-{num_levels - 1}"
     print(f"| split | task | {' | '.join(POLICY_NAMES[p] for p in policies)} |  ({episodes} lifetimes of up to "
-          f"{MAX_LEVELS} levels, hard, {levels}, seed {seed})")
+          f"{MAX_LEVELS} levels, hard, {level_set}, seed {seed})")
     print("|---|---|" + "---:|" * len(policies))
     for split in splits:
-        tasks = {"train": TRAIN_TASKS, "test": TEST_TASKS}[split]
-        for i, w in enumerate(tasks):
+        for i, w in enumerate(split_tasks[split]):
             cells = " | ".join(f"{mean[i]:.3f} ± {se[i]:.3f}" for mean, se, _ in results[split])
             print(f"| {split} | {format_task(w)} | {cells} |")
         # the mean over the split's tasks and its s.e. (the tasks' lifetimes are independent)

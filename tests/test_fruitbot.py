@@ -166,8 +166,9 @@ def test_the_reference_table_prints_each_task_and_the_mean_and_refuses_one_episo
     lines = capsys.readouterr().out.splitlines()
     rows = [line for line in lines if line.startswith("| train |")]
     assert [r.split(" | ")[1] for r in rows] == ["1,0,0,0", "0,1,0,0", "0,0,1,0", "0,0,0,1", "mean"]
-    means = [float(r.split(" | ")[2].split(" ± ")[0]) for r in rows]
+    means, ses = np.array([[float(x) for x in r.split(" | ")[2].rstrip(" |").split(" ± ")] for r in rows]).T
     assert len(set(means[:-1])) > 1 and means[-1] == pytest.approx(np.mean(means[:-1]), abs=1e-3)
+    assert ses[-1] == pytest.approx(np.sqrt((ses[:-1] ** 2).sum()) / 4, abs=2e-3)  # independent tasks' s.e.
     with pytest.raises(ConfigError, match="num_episodes must be at least 2"):
         fruitbot._print_reference_table(episodes=1, policies=("random",), splits=("train",))
     assert capsys.readouterr().out == ""  # nothing printed before the refusal
