@@ -32,7 +32,7 @@ from importlib import resources
 import jax.numpy as jnp
 import numpy as np
 
-from common.run import format_task, require
+from common.run import exit_on_config_error, format_task, require
 
 # NLE and MiniHack are imported where an env or the tile set is made, not here: the module's constants and `render`
 # need neither (usfa.py and uvfa.py import this module for every env, also on machines without NLE)
@@ -349,13 +349,14 @@ def make_rooms(num_envs: int, tasks=TRAIN_TASKS, *, workers: int = 1, **kwargs):
 # Reference: what random play gets in each room (README table)
 # ---------------------------------------------------------------------------------------------------------------------
 def random_returns(tasks=np.concatenate([TRAIN_TASKS, TEST_TASKS]), num_episodes: int = 200, size: str = "5x5",
-                   seed: int = 0):
+                   seed: int = 0, num_levels: int = 0):
     """Success rate (= mean return: the reward is 1 at the stairs, else 0), its standard error, and the death rate
-    of uniformly random play in each room, on fresh levels (as evaluation)."""
+    of uniformly random play in each room: on fresh levels (num_levels 0, as evaluation) or on the level seeds
+    0..num_levels-1 (the room size's training levels: what the training actors play)."""
     require(num_episodes >= 2, f"num_episodes must be at least 2 to give a standard error, got {num_episodes}")
     tasks = np.asarray(tasks, np.float32)
     n = len(tasks) * num_episodes
-    env = MiniHackRooms(n, tasks, size=size, seed=seed, num_levels=0,
+    env = MiniHackRooms(n, tasks, size=size, seed=seed, num_levels=num_levels,
                         task_of_env=np.repeat(np.arange(len(tasks)), num_episodes))
     rng = np.random.default_rng(seed)
     env.reset()
@@ -370,12 +371,18 @@ def random_returns(tasks=np.concatenate([TRAIN_TASKS, TEST_TASKS]), num_episodes
     return success.mean(1), success.std(1, ddof=1) / np.sqrt(num_episodes), died.mean(1)
 
 
-def _print_reference_table(episodes: int, seed: int) -> None:
-    print(f"| room | task | size | random success rate | random death rate |  ({episodes} episodes, fresh levels)")
-    print("|---|---|---|---:|---:|")
+def _print_reference_table(episodes: int = 200, seed: int = 0, sizes=ROOM_SIZES, num_levels: int | None = 0) -> None:
+    """A markdown table of random play's success and death rates in every room of the given sizes.
+
+    num_levels: 0 fresh levels (as evaluation); None each size's training levels (TRAIN_LEVELS)."""
     tasks = np.concatenate([TRAIN_TASKS, TEST_TASKS])
-    for size in ROOM_SIZES:
-        rate, se, deaths = random_returns(tasks, episodes, size, seed)
+    levels = {size: TRAIN_LEVELS[size] if num_levels is None else num_levels for size in sizes}
+    level_sets = ", ".join(f"{size}: {'fresh levels' if n == 0 else f'levels 0-{n - 1}'}" for size, n in levels.items())
+    results = {size: random_returns(tasks, episodes, size, seed, levels[size]) for size in sizes}  # bad input stops
+    print(f"| room | task | size | random success rate | random death rate |  ({episodes} episodes; {level_sets}; "
+          f"seed {seed})")
+    print("|---|---|---|---:|---:|")
+    for size, (rate, se, deaths) in results.items():
         for w, r, s, d in zip(tasks, rate, se, deaths):
             print(f"| {room_id(w, size)} | {format_task(w)} | {size} | {r:.3f} ± {s:.3f} | {d:.3f} |")
 
@@ -386,5 +393,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="random play's success rate in every MiniHack room")
     parser.add_argument("--episodes", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", choices=(*ROOM_SIZES, "both"), default="both")
+    parser.add_argument("--levels", choices=("fresh", "train"), default="fresh",
+                        help=f"fresh: unrestricted level seeds (as evaluation); train: the training levels "
+                             f"({', '.join(f'{k}: {v}' for k, v in TRAIN_LEVELS.items())}), as the training actors play")
     cli = parser.parse_args()
-    _print_reference_table(cli.episodes, cli.seed)
+    exit_on_config_error(_print_reference_table)(cli.episodes, cli.seed,
+                                                 ROOM_SIZES if cli.size == "both" else (cli.size,),
+                                                 0 if cli.levels == "fresh" else None)

@@ -511,10 +511,12 @@ def cumulant_columns(num_categories: int) -> list[str]:
 
 def metric_fields(loss_names: tuple[str, ...], train_tasks: list[str], num_cumulants: int = 0) -> list[str]:
     """The columns of metrics.csv: step, seed, sps, ..., the losses, the quality of learned cumulants (methods that
-    learn them: num_cumulants > 0), the mean length of the training episodes, and the training return per train
-    task."""
+    learn them: num_cumulants > 0), the mean length of the training episodes, the training return per train task,
+    and how many training episodes of each task ended in the row's stretch (so that a window's mean return can be
+    pooled over episodes and given a standard error)."""
     return (["step", "seed", "sps", "sgd_steps", "epsilon", *loss_names, "rss_gb", *cumulant_columns(num_cumulants),
-             "episode_length"] + [f"return_train_{w}" for w in train_tasks])
+             "episode_length"] + [f"return_train_{w}" for w in train_tasks]
+            + [f"episodes_train_{w}" for w in train_tasks])
 
 
 def metric_rows(metrics: dict, sgd_steps, seeds: list[int], step: int, sps: float, loss_names: tuple[str, ...],
@@ -540,6 +542,7 @@ def metric_rows(metrics: dict, sgd_steps, seeds: list[int], step: int, sps: floa
         row["episode_length"] = float(m["length_sum"].sum() / counts.sum()) if counts.sum() else ""
         for t, w in enumerate(train_tasks):
             row[f"return_train_{w}"] = float(sums[t] / counts[t]) if counts[t] else ""
+            row[f"episodes_train_{w}"] = int(counts[t])
         rows.append(row)
     return rows
 

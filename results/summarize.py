@@ -1,9 +1,11 @@
 """Markdown table of a run's final evaluation next to the BFS oracle and random play.
 
-    python -m results.summarize results/babyai/msfa_1M [--episodes 100]
+    python -m results.summarize results/babyai/msfa_1M [--episodes 100] [--actors-from STEP]
 
 For each task: the mean over seeds of each seed's greedy return at the last evaluation step, ± the standard error
 over seeds, with GPI and without; then the BFS oracle's and random play's returns (--episodes 0 leaves them out).
+With --actors-from, a second table: the training actors' return per train task (epsilon-greedy on the training
+levels: what the original logs for the train tasks), pooled over the episodes that ended after that step.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class Args:
     """a run directory (or a copy of its eval.csv's folder)"""
     episodes: int = 100
     """episodes per task for the oracle and random references (0: leave them out)"""
+    actors_from: int | None = None
+    """also pool the training actors' returns (metrics.csv) over the episodes that ended after this env step"""
 
 
 def run_env(run_dir: Path) -> str:
@@ -75,6 +79,30 @@ def final_returns(eval_csv: Path):
     return last, table
 
 
+def actor_returns(metrics_csv: Path, from_step: int, train_tasks) -> dict:
+    """(seed, task) -> (mean return, its s.e., episodes) of the training actors' episodes that ended in the
+    metrics.csv rows after from_step: each row's mean weighted by its episode count, the s.e. treating rows as
+    clusters (episodes of one row share a policy; valid for any return distribution)."""
+    rows = list(csv.DictReader(metrics_csv.open()))
+    names = [format_task(w) for w in train_tasks]
+    require(rows and f"episodes_train_{names[0]}" in rows[0],
+            f"{metrics_csv} has no episodes_train_* columns (written since 2026-11-28): its runs' returns cannot be "
+            "pooled over episodes; leave out --actors-from")
+    out = {}
+    for seed in sorted({int(r["seed"]) for r in rows}):
+        later = [r for r in rows if int(r["seed"]) == seed and int(r["step"]) > from_step]
+        require(later, f"{metrics_csv} has no rows of seed {seed} after step {from_step:,}; pass an earlier step")
+        for t in names:
+            n = np.asarray([int(r[f"episodes_train_{t}"]) for r in later], float)
+            m = np.asarray([float(r[f"return_train_{t}"] or 0.0) for r in later])
+            total = n.sum()
+            mean = (n * m).sum() / total if total else float("nan")
+            k = int((n > 0).sum())
+            se = (np.sqrt((n**2 * (m - mean) ** 2).sum() * k / (k - 1)) / total) if k > 1 else float("nan")
+            out[(seed, t)] = (mean, se, int(total))
+    return out
+
+
 def mean_se(values):
     """mean ± standard error over seeds ("-" if there is nothing, the bare mean for one seed)."""
     values = np.asarray(values)
@@ -110,6 +138,15 @@ def main(args: Args) -> None:
         for w in tasks:
             t = format_task(w)
             print(f"| {split} | {t} | {mean_se(table[(t, 1)])} | {mean_se(table[(t, 0)])} | {oracle[t]} | {rand[t]} |")
+    if args.actors_from is not None:
+        pooled = actor_returns(Path(args.run_dir) / "metrics.csv", args.actors_from, train_tasks)
+        print(f"\nTraining actors (epsilon-greedy, training levels): return per train task over the episodes that "
+              f"ended after step {args.actors_from:,}, mean ± s.e. (rows as clusters), episodes in brackets.\n")
+        print("| seed | " + " | ".join(format_task(w) for w in train_tasks) + " |")
+        print("|---|" + "---:|" * len(train_tasks))
+        for seed in sorted({s for s, _ in pooled}):
+            cells = [pooled[(seed, format_task(w))] for w in train_tasks]
+            print(f"| {seed} | " + " | ".join(f"{m:.3f} ± {e:.3f} ({n:,})" for m, e, n in cells) + " |")
 
 
 if __name__ == "__main__":

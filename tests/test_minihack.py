@@ -208,3 +208,21 @@ def test_bad_actions_stop_with_one_line():
     env.reset()
     with pytest.raises(ConfigError, match="actions must be"):
         env.step(np.array([0, NUM_ACTIONS]))
+
+
+def test_the_reference_table_plays_the_training_levels_when_asked_and_refuses_one_episode(capsys):
+    """Random play's table on the small room's training levels: one row per room, with its success rate, s.e. and
+    death rate, and the level set named; a refusal prints nothing before its one line."""
+    from common import minihack
+
+    minihack._print_reference_table(episodes=4, seed=3, sizes=("5x5",), num_levels=None)
+    lines = capsys.readouterr().out.splitlines()
+    assert "5x5: levels 0-199" in lines[0]
+    rows = [line.strip("| ").split(" | ") for line in lines[2:]]
+    assert [r[1] for r in rows] == ["1,0,0", "0,1,0", "0,0,1", "1,1,1"] and all(r[2] == "5x5" for r in rows)
+    for r in rows:
+        rate, se = (float(x) for x in r[3].split(" ± "))
+        assert 0 <= rate <= 1 and rate * 4 == round(rate * 4) and 0 <= float(r[4]) <= 1  # 4 episodes of 0/1
+    with pytest.raises(ConfigError, match="num_episodes must be at least 2"):
+        minihack._print_reference_table(episodes=1, sizes=("5x5",))
+    assert capsys.readouterr().out == ""

@@ -349,8 +349,10 @@ def test_metric_rows_hand_worked():
     assert row["epsilon"] == pytest.approx(0.2)
     assert row["episode_length"] == 50.0  # (30 + 170) / 4 episodes
     assert row["return_train_1,0"] == 1.0 and row["return_train_0,1"] == 4.0  # (1 + 2) / 3 and 4 / 1
+    assert row["episodes_train_1,0"] == 3 and row["episodes_train_0,1"] == 1
     assert "train return 2.50 | episode length 50 | loss 0.5000" in progress_line([row], 6400, 60.0)
     quiet = {**metrics, "return_count": np.zeros((1, 2, 2)), "return_sum": np.zeros((1, 2, 2)),
              "length_sum": np.zeros((1, 2))}
     row, = metric_rows(quiet, np.asarray([7]), [3], 640, 12.0, ("loss",), ["1,0", "0,1"])
     assert row["episode_length"] == "" and row["return_train_1,0"] == ""  # no episode ended in the chunk
+    assert row["episodes_train_1,0"] == 0
