@@ -13,6 +13,10 @@
   entangled-phi/psi ablations alone.
 - gpi_ablation.png (Figure 4b): per SF method, the mean test-task return with GPI over the train tasks and acting
   on w_test directly (no GPI), mean ± s.e. over seeds.
+- actors.png: per train task, the training actors' return (epsilon-greedy on the training levels: what the original
+  logs for the train tasks) from metrics.csv, pooled over windows of --actor-window rows (weighted by the rows'
+  episode counts where metrics.csv has them), mean ± s.e. over seeds; for MiniHack with random play's success on
+  the training levels as the reference.
 - aggregate.png (beyond the paper, since seeds are few): the interquartile mean over seeds x test tasks of the
   oracle-normalised return, (R - random) / (oracle - random), with 95% stratified-bootstrap confidence intervals
   (rliable); raw returns when --reference-episodes is 0.
@@ -21,6 +25,7 @@ The runs are read from their eval.csv and config.json (the method's name); each 
 
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +47,8 @@ class Args:
     """folder the PNG files go to"""
     reference_episodes: int = 100
     """episodes per task for the references (0: none): BabyAI's BFS oracle and random play, MiniHack's random play"""
+    actor_window: int = 5
+    """metrics.csv rows pooled into one point of actors.png"""
 
 
 def mean_se(per_seed: np.ndarray) -> tuple[float, float]:
@@ -73,6 +80,7 @@ def main(args: Args) -> None:
     for d in runs:
         require((d / "eval.csv").exists(), f"no eval.csv in {d}; pass run directories")
     require(args.reference_episodes >= 0, f"--reference-episodes must not be negative, got {args.reference_episodes}")
+    require(args.actor_window >= 1, f"--actor-window must be at least 1, got {args.actor_window}")
     tables = {d: read_eval(d) for d in runs}
     train_tasks, test_tasks = env_tasks(runs)
     env = run_env(runs[0])
@@ -137,17 +145,81 @@ def main(args: Args) -> None:
         written.append("gpi_ablation.png")
     aggregate(plt, tables, step, test_tasks, references, out / "aggregate.png")
     written.append("aggregate.png")
+    with_metrics = [d for d in runs if (d / "metrics.csv").exists()]
+    if with_metrics:
+        actor_references = None
+        if args.reference_episodes and env == "minihack":
+            actor_references = minihack_random_success(runs[0], train_tasks, test_tasks, args.reference_episodes,
+                                                       training_levels=True)[0]
+        actor_curves(plt, with_metrics, train_tasks, args.actor_window, actor_references, args.reference_episodes,
+                     out / "actors.png")
+        written.append("actors.png")
     print(f"wrote {', '.join(str(out / f) for f in written)} (step {step:,})")
 
 
-def minihack_random_success(run_dir: Path, train_tasks, test_tasks, episodes: int):
-    """Random play's success rate per train room and per test room, on fresh levels of the run's room size."""
-    from common.minihack import random_returns
+def minihack_random_success(run_dir: Path, train_tasks, test_tasks, episodes: int, training_levels: bool = False):
+    """Random play's success rate per train room and per test room in the run's room size: on fresh levels (as
+    evaluation), or with training_levels on the run's training levels (as its actors play)."""
+    from common.minihack import TRAIN_LEVELS, random_returns
 
-    size = json.loads((run_dir / "config.json").read_text())["args"]["room_size"]
+    saved = json.loads((run_dir / "config.json").read_text())["args"]
+    size = saved["room_size"]
     require(episodes >= 2, f"--reference-episodes must be 0 or at least 2 for MiniHack, got {episodes}")
-    success = random_returns(np.concatenate([train_tasks, test_tasks]), episodes, size)[0]
+    num_levels = saved.get("train_levels", TRAIN_LEVELS[size]) if training_levels else 0
+    success = random_returns(np.concatenate([train_tasks, test_tasks]), episodes, size, num_levels=num_levels)[0]
     return success[:len(train_tasks)], success[len(train_tasks):]
+
+
+def actor_returns_per_window(metrics_csv: Path, train_tasks, window: int) -> dict:
+    """seed -> (window end steps [W], returns [W, tasks]): the training actors' return per train task, pooled over
+    each `window` consecutive metrics.csv rows (weighted by the rows' episodes where episodes_train_* exist)."""
+    rows = list(csv.DictReader(metrics_csv.open()))
+    names = [format_task(w) for w in train_tasks]
+    out = {}
+    for seed in sorted({int(r["seed"]) for r in rows}):
+        mine = [r for r in rows if int(r["seed"]) == seed]
+        ends, values = [], []
+        for start in range(0, len(mine) - window + 1, window):
+            chunk = mine[start:start + window]
+            point = []
+            for t in names:
+                m = np.asarray([float(r[f"return_train_{t}"]) if r[f"return_train_{t}"] else np.nan for r in chunk])
+                n = np.asarray([float(r.get(f"episodes_train_{t}") or 1.0) for r in chunk]) * ~np.isnan(m)
+                point.append(np.nansum(n * m) / n.sum() if n.sum() else np.nan)
+            ends.append(int(chunk[-1]["step"]))
+            values.append(point)
+        out[seed] = (np.asarray(ends), np.asarray(values).reshape(-1, len(names)))
+    return out
+
+
+def actor_curves(plt, runs, train_tasks, window: int, random_success, reference_episodes: int, path: Path) -> None:
+    """One panel per train task: each run's actor return per window, mean ± s.e. over its seeds."""
+    fig, axes = plt.subplots(1, len(train_tasks), figsize=(5 * len(train_tasks), 3.8), sharey=True)
+    for d in runs:
+        per_seed = actor_returns_per_window(d / "metrics.csv", train_tasks, window)
+        length = min(len(steps) for steps, _ in per_seed.values())
+        if length == 0:
+            continue
+        steps = next(iter(per_seed.values()))[0][:length]
+        values = np.stack([v[:length] for _, v in per_seed.values()])  # [seeds, W, tasks]
+        for t, ax in enumerate(axes):
+            mean = np.nanmean(values[:, :, t], 0)
+            line, = ax.plot(steps, mean, label=f"{label(d)} ({len(per_seed)} seed(s))")
+            if len(per_seed) > 1:
+                se = np.nanstd(values[:, :, t], 0, ddof=1) / np.sqrt(len(per_seed))
+                ax.fill_between(steps, mean - se, mean + se, color=line.get_color(), alpha=0.2)
+    for t, ax in enumerate(axes):
+        if random_success is not None:
+            ax.axhline(random_success[t], color="grey", linestyle=":",
+                       label=f"random play, training levels ({reference_episodes} episodes)")
+        ax.set_title(f"train task {format_task(train_tasks[t])}")
+        ax.set_xlabel("env steps per seed")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"actors' return (epsilon-greedy), {window} log rows pooled")
+    axes[-1].legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def task_bars(plt, tables: dict, step: int, test_tasks, references, title: str, path: Path) -> None:

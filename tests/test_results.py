@@ -111,14 +111,14 @@ def test_plot_draws_random_play_for_a_minihack_run_at_its_room_size(tmp_path, mo
 
     calls = []
 
-    def fake_random_returns(tasks, num_episodes, size):
-        calls.append((np.asarray(tasks).tolist(), num_episodes, size))
+    def fake_random_returns(tasks, num_episodes, size, num_levels=0):
+        calls.append((np.asarray(tasks).tolist(), num_episodes, size, num_levels))
         return np.array([0.7, 0.8, 0.9, 0.6]), None, None
 
     monkeypatch.setattr(common.minihack, "random_returns", fake_random_returns)
     run = fake_run(tmp_path, "mh", "MSFA", (10, 20), (0, 1), 1.0, env="minihack")
     plot.main(plot.Args(run_dirs=(run,), out=str(tmp_path / "figures"), reference_episodes=7))
-    assert calls == [([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 1]], 7, "5x5")]
+    assert calls == [([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 1]], 7, "5x5", 0)]  # fresh levels, as evaluation
     assert "IQM MSFA: 3.500 " in capsys.readouterr().out  # raw returns: no oracle to normalise by
     for name in ("learning_curves.png", "test_tasks.png", "gpi_ablation.png", "aggregate.png"):
         assert (tmp_path / "figures" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -147,3 +147,46 @@ def test_summarize_pools_the_training_actors_returns_over_episodes_hand_worked(t
     with pytest.raises(SystemExit):
         summarize.main(summarize.Args(run_dir=str(run), actors_from=100))
     assert "has no episodes_train_* columns" in capsys.readouterr().err
+
+
+def write_metrics(run, rows, counts=True):
+    """A MiniHack metrics.csv of (step, seed, return of task 1,0,0, its episodes); the other tasks return 1."""
+    tasks = ["1,0,0", "0,1,0", "0,0,1"]
+    header = ["step", "seed"] + [f"return_train_{t}" for t in tasks]
+    header += [f"episodes_train_{t}" for t in tasks] if counts else []
+    with (run / "metrics.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        for step, seed, m, n in rows:
+            writer.writerow([step, seed, m, 1.0, 1.0] + ([n, 1, 1] if counts else []))
+
+
+def test_plot_pools_the_actors_returns_per_window_hand_worked_and_draws_them_against_training_levels(
+        tmp_path, monkeypatch):
+    """Window 2 over rows (return, episodes) (0.5, 2), (1.0, 3) | (none, 0), (0.0, 1): (1 + 3) / 5 = 0.8, then 0.0;
+    without episode counts the rows weigh equally: 0.75, then 0.0. A MiniHack run's actors.png takes random play
+    on the run's training levels as its reference."""
+    import numpy as np
+
+    import common.minihack
+    from results import plot
+
+    run = tmp_path / "mh"
+    fake_run(tmp_path, "mh", "MSFA", (10,), (0, 1), 1.0, env="minihack")
+    rows = [(10, 1, 0.5, 2), (20, 1, 1.0, 3), (30, 1, "", 0), (40, 1, 0.0, 1)]
+    write_metrics(run, rows)
+    steps, values = plot.actor_returns_per_window(run / "metrics.csv", common.minihack.TRAIN_TASKS, 2)[1]
+    assert steps.tolist() == [20, 40] and values[:, 0] == pytest.approx([0.8, 0.0]) and np.all(values[:, 1:] == 1)
+    write_metrics(run, rows, counts=False)
+    _, values = plot.actor_returns_per_window(run / "metrics.csv", common.minihack.TRAIN_TASKS, 2)[1]
+    assert values[:, 0] == pytest.approx([0.75, 0.0])
+    calls = []
+
+    def fake_random_returns(tasks, num_episodes, size, num_levels=0):
+        calls.append(num_levels)
+        return np.array([0.7, 0.8, 0.9, 0.6]), None, None
+
+    monkeypatch.setattr(common.minihack, "random_returns", fake_random_returns)
+    plot.main(plot.Args(run_dirs=(str(run),), out=str(tmp_path / "figures"), reference_episodes=7, actor_window=2))
+    assert calls == [0, 200]  # fresh levels for the evaluation figures, the 200 training levels for actors.png
+    assert (tmp_path / "figures" / "actors.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
