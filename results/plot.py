@@ -36,7 +36,7 @@ import tyro
 from common.babyai import bfs_oracle_returns, random_policy_returns
 from common.run import exit_on_config_error, format_task, require
 from results.compare import label, read_eval
-from results.summarize import env_tasks, run_env
+from results.summarize import env_tasks, pooled_return, run_env
 
 
 @dataclass
@@ -172,7 +172,7 @@ def minihack_random_success(run_dir: Path, train_tasks, test_tasks, episodes: in
 
 def actor_returns_per_window(metrics_csv: Path, train_tasks, window: int) -> dict:
     """seed -> (window end steps [W], returns [W, tasks]): the training actors' return per train task, pooled over
-    each `window` consecutive metrics.csv rows (weighted by the rows' episodes where episodes_train_* exist)."""
+    each `window` consecutive metrics.csv rows (results.summarize.pooled_return: weighted by the rows' episodes)."""
     rows = list(csv.DictReader(metrics_csv.open()))
     names = [format_task(w) for w in train_tasks]
     out = {}
@@ -181,13 +181,8 @@ def actor_returns_per_window(metrics_csv: Path, train_tasks, window: int) -> dic
         ends, values = [], []
         for start in range(0, len(mine) - window + 1, window):
             chunk = mine[start:start + window]
-            point = []
-            for t in names:
-                m = np.asarray([float(r[f"return_train_{t}"]) if r[f"return_train_{t}"] else np.nan for r in chunk])
-                n = np.asarray([float(r.get(f"episodes_train_{t}") or 1.0) for r in chunk]) * ~np.isnan(m)
-                point.append(np.nansum(n * m) / n.sum() if n.sum() else np.nan)
             ends.append(int(chunk[-1]["step"]))
-            values.append(point)
+            values.append([pooled_return(chunk, t)[0] for t in names])
         out[seed] = (np.asarray(ends), np.asarray(values).reshape(-1, len(names)))
     return out
 

@@ -79,10 +79,26 @@ def final_returns(eval_csv: Path):
     return last, table
 
 
+def pooled_return(rows: list[dict], task: str) -> tuple[float, float, float]:
+    """(mean, s.e., episodes) of the training actors' return on `task` over metrics.csv rows: each row's mean
+    weighted by its episode count (episodes_train_<task>; where metrics.csv predates the counts, 1 for every row
+    that ended an episode of the task); the s.e. treats rows as clusters (the episodes of one row share a policy;
+    valid for any return distribution)."""
+    returns = [r[f"return_train_{task}"] for r in rows]
+    m = np.asarray([float(x) if x else 0.0 for x in returns])
+    if rows and f"episodes_train_{task}" in rows[0]:
+        n = np.asarray([float(r[f"episodes_train_{task}"]) for r in rows])
+    else:
+        n = np.asarray([1.0 if x else 0.0 for x in returns])
+    total, k = n.sum(), int((n > 0).sum())
+    mean = (n * m).sum() / total if total else float("nan")
+    se = np.sqrt((n**2 * (m - mean) ** 2).sum() * k / (k - 1)) / total if k > 1 else float("nan")
+    return float(mean), float(se), float(total)
+
+
 def actor_returns(metrics_csv: Path, from_step: int, train_tasks) -> dict:
     """(seed, task) -> (mean return, its s.e., episodes) of the training actors' episodes that ended in the
-    metrics.csv rows after from_step: each row's mean weighted by its episode count, the s.e. treating rows as
-    clusters (episodes of one row share a policy; valid for any return distribution)."""
+    metrics.csv rows after from_step (pooled_return); metrics.csv must count the episodes of each row."""
     rows = list(csv.DictReader(metrics_csv.open()))
     names = [format_task(w) for w in train_tasks]
     require(rows and f"episodes_train_{names[0]}" in rows[0],
@@ -93,13 +109,7 @@ def actor_returns(metrics_csv: Path, from_step: int, train_tasks) -> dict:
         later = [r for r in rows if int(r["seed"]) == seed and int(r["step"]) > from_step]
         require(later, f"{metrics_csv} has no rows of seed {seed} after step {from_step:,}; pass an earlier step")
         for t in names:
-            n = np.asarray([int(r[f"episodes_train_{t}"]) for r in later], float)
-            m = np.asarray([float(r[f"return_train_{t}"] or 0.0) for r in later])
-            total = n.sum()
-            mean = (n * m).sum() / total if total else float("nan")
-            k = int((n > 0).sum())
-            se = (np.sqrt((n**2 * (m - mean) ** 2).sum() * k / (k - 1)) / total) if k > 1 else float("nan")
-            out[(seed, t)] = (mean, se, int(total))
+            out[(seed, t)] = pooled_return(later, t)
     return out
 
 
@@ -146,7 +156,7 @@ def main(args: Args) -> None:
         print("|---|" + "---:|" * len(train_tasks))
         for seed in sorted({s for s, _ in pooled}):
             cells = [pooled[(seed, format_task(w))] for w in train_tasks]
-            print(f"| {seed} | " + " | ".join(f"{m:.3f} ± {e:.3f} ({n:,})" for m, e, n in cells) + " |")
+            print(f"| {seed} | " + " | ".join(f"{m:.3f} ± {e:.3f} ({n:,.0f})" for m, e, n in cells) + " |")
 
 
 if __name__ == "__main__":

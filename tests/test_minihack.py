@@ -223,6 +223,7 @@ def test_the_reference_table_plays_the_training_levels_when_asked_and_refuses_on
     for r in rows:
         rate, se = (float(x) for x in r[3].split(" ± "))
         assert 0 <= rate <= 1 and rate * 4 == round(rate * 4) and 0 <= float(r[4]) <= 1  # 4 episodes of 0/1
+        assert se == pytest.approx(np.sqrt(rate * (1 - rate) * 4 / 3) / 2, abs=1e-3)  # std (ddof 1) / sqrt(4)
     with pytest.raises(ConfigError, match="num_episodes must be at least 2"):
         minihack._print_reference_table(episodes=1, sizes=("5x5",))
     assert capsys.readouterr().out == ""

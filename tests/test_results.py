@@ -124,31 +124,6 @@ def test_plot_draws_random_play_for_a_minihack_run_at_its_room_size(tmp_path, mo
         assert (tmp_path / "figures" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_summarize_pools_the_training_actors_returns_over_episodes_hand_worked(tmp_path, capsys):
-    """MiniHack run, seed 1, rows after step 100: (2 episodes of task 1,0,0, mean 0.5), (3, 1.0), (0, none).
-    Pooled: (2 * 0.5 + 3 * 1.0) / 5 = 0.8; s.e. with rows as clusters: sqrt((4 * 0.3^2 + 9 * 0.2^2) * 2 / 1) / 5
-    = 0.24. The row at step 100 is left out; a metrics.csv without episode counts is refused with one line."""
-    from results import summarize
-
-    run = tmp_path / "mh"
-    fake_run(tmp_path, "mh", "MSFA", (10,), (0, 1), 1.0, env="minihack")
-    tasks = ["1,0,0", "0,1,0", "0,0,1"]
-    header = ["step", "seed"] + [f"return_train_{t}" for t in tasks] + [f"episodes_train_{t}" for t in tasks]
-    rows = [(100, 1, 0.0, 9), (200, 1, 0.5, 2), (300, 1, 1.0, 3), (400, 1, "", 0)]
-    with (run / "metrics.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        for step, seed, m, n in rows:  # the other two tasks: one episode of return 1 per row
-            writer.writerow([step, seed, m, 1.0, 1.0, n, 1, 1])
-    summarize.main(summarize.Args(run_dir=str(run), actors_from=100))
-    out = capsys.readouterr().out
-    assert "| 1 | 0.800 ± 0.240 (5) | 1.000 ± 0.000 (3) | 1.000 ± 0.000 (3) |" in out
-    (run / "metrics.csv").write_text("step,seed,return_train_1,0,0\n200,1,0.5\n")
-    with pytest.raises(SystemExit):
-        summarize.main(summarize.Args(run_dir=str(run), actors_from=100))
-    assert "has no episodes_train_* columns" in capsys.readouterr().err
-
-
 def write_metrics(run, rows, counts=True):
     """A MiniHack metrics.csv of (step, seed, return of task 1,0,0, its episodes); the other tasks return 1."""
     tasks = ["1,0,0", "0,1,0", "0,0,1"]
@@ -159,6 +134,24 @@ def write_metrics(run, rows, counts=True):
         writer.writerow(header)
         for step, seed, m, n in rows:
             writer.writerow([step, seed, m, 1.0, 1.0] + ([n, 1, 1] if counts else []))
+
+
+def test_summarize_pools_the_training_actors_returns_over_episodes_hand_worked(tmp_path, capsys):
+    """MiniHack run, seed 1, rows after step 100: (2 episodes of task 1,0,0, mean 0.5), (3, 1.0), (0, none).
+    Pooled: (2 * 0.5 + 3 * 1.0) / 5 = 0.8; s.e. with rows as clusters: sqrt((4 * 0.3^2 + 9 * 0.2^2) * 2 / 1) / 5
+    = 0.24. The row at step 100 is left out; a metrics.csv without episode counts is refused with one line."""
+    from results import summarize
+
+    run = tmp_path / "mh"
+    fake_run(tmp_path, "mh", "MSFA", (10,), (0, 1), 1.0, env="minihack")
+    write_metrics(run, [(100, 1, 0.0, 9), (200, 1, 0.5, 2), (300, 1, 1.0, 3), (400, 1, "", 0)])
+    summarize.main(summarize.Args(run_dir=str(run), actors_from=100))
+    out = capsys.readouterr().out
+    assert "| 1 | 0.800 ± 0.240 (5) | 1.000 ± 0.000 (3) | 1.000 ± 0.000 (3) |" in out
+    write_metrics(run, [(200, 1, 0.5, 2)], counts=False)
+    with pytest.raises(SystemExit):
+        summarize.main(summarize.Args(run_dir=str(run), actors_from=100))
+    assert "has no episodes_train_* columns" in capsys.readouterr().err
 
 
 def test_plot_pools_the_actors_returns_per_window_hand_worked_and_draws_them_against_training_levels(
