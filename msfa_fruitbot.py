@@ -42,7 +42,7 @@ from common.farm import FarmCore
 from common.fruitbot import (DISTRIBUTION_MODES, IMAGE_SHAPE, MAX_LEVELS, NUM_ACTIONS, TEST_TASKS, TRAIN_LEVELS,
                              TRAIN_TASKS, Fruitbot)
 from common.gpi import gpi_values
-from common.networks import MLP, count_params, oar_vector
+from common.networks import MLP, count_params, oar_vector, scan_with_weight_grad_after
 from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_config_error, format_task,
                         parse_args, metric_fields, metric_rows, progress_line, require, require_finite,
                         require_fraction, require_non_negative, require_positive)
@@ -91,6 +91,16 @@ class Args:
     time_limit_is_termination: bool = False
     """the original's "every done is a termination": the per-level timeout (1000 steps) also ends the episode as a
     terminal transition instead of a masked truncation"""
+    learner_unroll: int = 1
+    """speed only: recurrent steps per loop iteration of the learner's unroll (lax.scan's unroll); the gradients
+    are the same up to float rounding (benchmarks/sgd_variants.py measures what pays on a device)"""
+    joint_target_unroll: bool = False
+    """speed only: the online and target networks unroll side by side in one loop (stacked on a leading axis)
+    instead of one loop each, same values; off by default: 1.4-1.9x slower on a CPU (benchmarks/sgd_variants.py)"""
+    lstm_grad_after_loop: bool = False
+    """speed only: the module LSTMs' weight gradient is formed after the backward loop, as one matmul over every
+    step of the batch, instead of summed step by step inside it (common.networks.scan_with_weight_grad_after); same
+    gradient; off by default: 15% slower on a CPU (benchmarks/sgd_variants.py)"""
     distribution_mode: str = "hard"
     """procgen's mode: hard shows all 12 object types (the 4 categories of 3); easy, the original's setting, only 4
     (fruit and food themes 0-1, so categories 2 and 4 never appear)"""
@@ -171,7 +181,7 @@ def check_args(args: Args) -> None:
     require_positive(args, "num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every",
                      "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
                      "num_modules", "attention_heads", "projection_dim", "learning_rate", "adam_eps", "max_grad_norm",
-                     "checkpoint_minutes", "epsilon_base", "samples_per_insert")
+                     "checkpoint_minutes", "epsilon_base", "samples_per_insert", "learner_unroll")
     require(args.max_minutes is None or args.max_minutes > 0, f"--max-minutes must be positive, got {args.max_minutes}")
     require_non_negative(args, "q_coeff", "sf_coeff", "phi_coeff", "seed", "importance_exponent")
     require(all(x > 0 for x in args.psi_hidden + args.phi_hidden), "--psi-hidden and --phi-hidden sizes must be "
@@ -323,19 +333,43 @@ def core_step(core, image, prev_action, prev_reward, state):
     return core.recur(core.torso(image), oar_vector(prev_action, prev_reward, NUM_ACTIONS), state)
 
 
-def unroll(core, seq: Sequence):
-    """The torso's maps [T, 8, 8, 32] of a sequence's frames and the recurrent states (h, c) [T, ...] along it,
-    resetting at episode starts (the torso runs outside the scan)."""
+def recurrence(core, maps, vectors, seq: Sequence, args: Args):
+    """The recurrent states (h, c) [T, ...] along a sequence from the torso's maps and the [a_prev; r_prev] vectors,
+    resetting at episode starts. The core's state-independent part runs for all steps at once, before the loop; the
+    loop runs what reads the states (common/farm.py, common/networks.py) and leaves the recurrent weight's gradient
+    to after the loop (--lstm-grad-after-loop)."""
+    def step(recurrent_weight, params, state, inputs, first, offset):
+        core, fused = params
+        state, multiplied = core.step(fused, inputs, reset_where(first, state, core.initial_state()),
+                                      recurrent_weight, offset)
+        return state, state, multiplied
+
+    return scan_with_weight_grad_after(step, core.recurrent_weight(), (core, core.fused_weights()), seq.state,
+                                       core.inputs(maps, vectors), seq.steps.first, core.RECURRENT_PRODUCT,
+                                       args.learner_unroll, args.lstm_grad_after_loop)
+
+
+def unroll(core, seq: Sequence, args: Args):
+    """The torso's maps [T, 8, 8, 32] of a sequence's frames (the torso runs outside the loop) and the recurrent
+    states (h, c) [T, ...] along it."""
     maps = jax.vmap(core.torso)(seq.steps.obs)
     vectors = jax.vmap(partial(oar_vector, num_actions=NUM_ACTIONS))(seq.steps.prev_action, seq.steps.prev_reward)
+    return maps, recurrence(core, maps, vectors, seq, args)
 
-    def step(state, x):
-        image_map, vector, first = x
-        state = core.recur(image_map, vector, reset_where(first, state, core.initial_state()))
-        return state, state
 
-    _, states = jax.lax.scan(step, seq.state, (maps, vectors, seq.steps.first))
-    return maps, states
+def unroll_online_and_target(core, target_core, seq: Sequence, args: Args):
+    """The online core's maps and states (h, c) [T, ...] and the target core's h [T, ...] (stop-gradient) along a
+    sequence. With --joint-target-unroll both run in one loop, the two networks' arrays stacked on a leading axis:
+    half the dependent loop iterations of two unrolls, each step's kernels doing twice the rows."""
+    if not args.joint_target_unroll:
+        maps, states = unroll(core, seq, args)
+        return maps, states, jax.lax.stop_gradient(unroll(target_core, seq, args)[1][0])
+    online, static = eqx.partition(core, eqx.is_array)
+    target = jax.lax.stop_gradient(eqx.filter(target_core, eqx.is_array))
+    pair = jax.tree.map(lambda a, b: jnp.stack([a, b]), online, target)
+    maps, states = jax.vmap(lambda arrays: unroll(eqx.combine(arrays, static), seq, args))(pair)
+    first = lambda x: x[0]  # noqa: E731
+    return first(maps), jax.tree.map(first, states), jax.lax.stop_gradient(states[0][1])
 
 
 def next_states(core, maps, seq: Sequence, states):
@@ -419,11 +453,10 @@ def importance_weights(probabilities, exponent: float):
     return weights / jnp.max(weights)
 
 
-def successor_features(net, target_net, seq: Sequence):
+def successor_features(net, target_net, seq: Sequence, args: Args):
     """Torso maps and states (h, c) [T, ...] along a sequence, and the online and (stop-gradient) target psi
     [T, A, C] of z = w."""
-    maps, states = unroll(net.core, seq)
-    h_target = jax.lax.stop_gradient(unroll(target_net.core, seq)[1][0])
+    maps, states, h_target = unroll_online_and_target(net.core, target_net.core, seq, args)
     return maps, states, jax.vmap(net.psi)(states[0], seq.steps.w), jax.vmap(target_net.psi)(h_target, seq.steps.w)
 
 
@@ -442,7 +475,7 @@ def sequence_loss(net: MSFANetwork, target_net: MSFANetwork, seq: Sequence, args
 
     step_mask [T-1] (optional) keeps only some transitions: the masking test uses it to look at one episode."""
     s = seq.steps
-    maps, states, psi, psi_target = successor_features(net, target_net, seq)  # psi [T, A, C]
+    maps, states, psi, psi_target = successor_features(net, target_net, seq, args)  # psi [T, A, C]
     q = jnp.einsum("tac,tc->ta", psi, s.w)
     q_target = jnp.einsum("tac,tc->ta", psi_target, s.w)
     phi = jax.vmap(net.phi)(next_states(net.core, maps, seq, states), states[0][:-1])  # [T-1, C]

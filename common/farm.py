@@ -9,12 +9,24 @@ Per step, module k with previous state (h^k, c^k) of size d:
    "no information"), heads of size d, logits / sqrt(d); the read m_k enters through a sigmoid-tanh gate:
    u_k = q_k + sigmoid(W_g m_k - b_g) * tanh(W_o m_k);
 4. (h^k, c^k) = LSTM_k([u_k; z_k], (h^k, c^k)), module-specific parameters.
-Module-specific layers are stored stacked along a leading module axis and applied with `eqx.filter_vmap`.
+Module-specific layers are stored stacked along a leading module axis.
+
+How a step is computed (the same function, arranged for speed). A learner unrolls FARM over 41 steps of a sequence,
+and on a GPU each step is a chain of small dependent kernels whose launch latency, not arithmetic, sets the time.
+So the step is split in two:
+- `inputs`: everything that does not read the module states (Project(X); the previous action and reward's share of
+  the queries and of the module gates), computed for a whole sequence at once, outside the recurrence;
+- `step`: what does read them, with every linear map of h (queries, keys, values, the n module gates) in one matmul,
+  W_g and W_o in one matmul, the attention over n + 1 rows as element-wise products and sums, and the n LSTMs as one
+  batched matmul.
+The parameters are the layers above, unchanged (checkpoints written before this arrangement load as they are);
+`weights` gathers their fused views once per unroll. `FARM.__call__` (one step, for acting) runs the same two parts.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -26,6 +38,21 @@ from common.networks import TORSOS, DQNTorso, ImpalaTorso, LSTMCell, linear
 def apply_per_module(stacked, xs):
     """Apply a layer whose parameters are stacked on axis 0 to the matching rows of xs."""
     return eqx.filter_vmap(lambda layer, x: layer(x))(stacked, xs)
+
+
+class FarmInputs(NamedTuple):
+    """The part of a FARM step that does not depend on the module states (each field may carry leading axes, e.g.
+    the steps of a sequence)."""
+    pixels: jax.Array  # [HW, P]: Project(X), the image map's pixels projected
+    query: jax.Array  # [H d]: the query's bias and the share of [onehot(a_prev); tanh(r_prev)]
+    gate: jax.Array  # [n, P]: each module's gate bias and share of the same vector
+    vector: jax.Array  # [V]: [onehot(a_prev); tanh(r_prev)], the query's tail
+
+
+class FarmWeights(NamedTuple):
+    """Fused views of the parameters that the recurrence reads, built once per unroll."""
+    state: jax.Array  # [d, 3 H d + n P]: h -> (query, key, value, every module's gate), one matmul
+    read: jax.Array  # [H d, 2 Q]: the attention read -> (W_g m, W_o m), one matmul
 
 
 class FARM(eqx.Module):
@@ -76,27 +103,60 @@ class FARM(eqx.Module):
         zeros = jnp.zeros((self.num_modules, self.module_size))
         return zeros, zeros
 
-    def __call__(self, image_map, vector, state):
-        """image_map [H, W, C], vector [V], state (h, c) each [n, d] -> new state; h^k_t is new_state[0][k]."""
+    def inputs(self, image_map, vector) -> FarmInputs:
+        """The state-independent part of a step: image_map [..., H, W, C] and vector [..., V], with any leading
+        axes (a whole sequence at once)."""
+        d = self.module_size
+        pixels = image_map.reshape(image_map.shape[:-3] + (-1, image_map.shape[-1])) @ self.project.weight.T
+        query = vector @ self.query.weight[:, d:].T + self.query.bias
+        gate = jnp.einsum("...v,npv->...np", vector, self.gate.weight[:, :, d:]) + self.gate.bias
+        return FarmInputs(pixels + self.project.bias, query, gate, vector)
+
+    def weights(self) -> FarmWeights:
+        d = self.module_size
+        state = jnp.concatenate([self.query.weight[:, :d], self.key.weight, self.value.weight,
+                                 self.gate.weight[:, :, :d].reshape(-1, d)]).T
+        return FarmWeights(state, jnp.concatenate([self.w_gate.weight, self.w_out.weight]).T)
+
+    def step(self, weights: FarmWeights, inputs: FarmInputs, state, lstm_weight=None, lstm_offset=0.0):
+        """One step from the module states (h, c) [n, d] and one step's inputs; returns the new state and the LSTMs'
+        input [u; z; h] [n, L].
+
+        lstm_weight: the LSTMs' weight [n, 4d, L] (default: the parameter); a learner that forms its gradient after
+        the loop (common.networks.scan_with_weight_grad_after) passes it in, and lstm_offset [n, 4d], a zero whose
+        gradient is that of the LSTMs' pre-activations."""
         h, c = state
-        n, d = self.num_modules, self.module_size
-        q = jnp.concatenate([h, jnp.broadcast_to(vector, (n, vector.shape[-1]))], axis=-1)  # [n, d + V]
+        n, d, heads = self.num_modules, self.module_size, self.num_heads
+        a = heads * d
+        y = h @ weights.state  # [n, 3a + nP]: every linear map of h
+        queries = (y[:, :a] + inputs.query).reshape(n, heads, d)
+        keys = jnp.concatenate([y[:, a:2 * a] + self.key.bias, self.key.bias[None]]).reshape(n + 1, heads, d)
+        values = jnp.concatenate([y[:, 2 * a:3 * a] + self.value.bias, self.value.bias[None]]).reshape(n + 1, heads, d)
+        projection = inputs.pixels.shape[-1]
+        own_gate = jnp.diagonal(y[:, 3 * a:].reshape(n, n, projection), axis1=0, axis2=1).T  # module k's gate of h^k
+
+        # 3. inter-module attention over [h; 0]: logits [n, n + 1, heads], softmax over the memory rows
+        logits = jnp.sum(queries[:, None] * keys[None], axis=-1) / math.sqrt(d)
+        read = jnp.sum(jax.nn.softmax(logits, axis=1)[..., None] * values[None], axis=1).reshape(n, a)
+        gate_out = read @ weights.read
+        q = jnp.concatenate([h, jnp.broadcast_to(inputs.vector, (n, inputs.vector.shape[-1]))], axis=-1)
+        u = q + jax.nn.sigmoid(gate_out[:, :q.shape[1]] - self.b_gate) * jnp.tanh(gate_out[:, q.shape[1]:])
 
         # 2. feature attention
-        pixels = jax.vmap(self.project)(image_map.reshape(-1, image_map.shape[-1]))  # [HW, P]
-        gated = pixels[None] * jax.nn.sigmoid(apply_per_module(self.gate, q))[:, None, :]  # [n, HW, P]
-        z = jax.vmap(jax.vmap(self.mix))(gated).reshape(n, -1)
+        gated = inputs.pixels[None] * jax.nn.sigmoid(own_gate + inputs.gate)[:, None, :]  # [n, HW, P]
+        z = (gated @ self.mix.weight.T + self.mix.bias).reshape(n, -1)
 
-        # 3. inter-module attention over [h; 0]
-        memory = jnp.concatenate([h, jnp.zeros((1, d))])  # [n + 1, d]
-        heads = lambda x: x.reshape(x.shape[0], self.num_heads, d)  # noqa: E731
-        queries, keys, values = heads(jax.vmap(self.query)(q)), heads(jax.vmap(self.key)(memory)), heads(jax.vmap(self.value)(memory))
-        weights = jax.nn.softmax(jnp.einsum("nhd,mhd->hnm", queries, keys) / math.sqrt(d), axis=-1)
-        read = jnp.einsum("hnm,mhd->nhd", weights, values).reshape(n, -1)
-        u = q + jax.nn.sigmoid(jax.vmap(self.w_gate)(read) - self.b_gate) * jnp.tanh(jax.vmap(self.w_out)(read))
+        # 4. per-module LSTMs (haiku's: gates i, g, f, o; forget bias +1)
+        lstm_input = jnp.concatenate([u, z, h], axis=-1)
+        weight = self.lstm.linear.weight if lstm_weight is None else lstm_weight
+        gates = jnp.einsum("noi,ni->no", weight, lstm_input) + self.lstm.linear.bias + lstm_offset
+        i, g, f, o = jnp.split(gates, 4, axis=-1)
+        c = jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        return (jax.nn.sigmoid(o) * jnp.tanh(c), c), lstm_input
 
-        # 4. per-module LSTMs
-        return eqx.filter_vmap(lambda cell, x, hk, ck: cell(x, (hk, ck)))(self.lstm, jnp.concatenate([u, z], -1), h, c)
+    def __call__(self, image_map, vector, state):
+        """image_map [H, W, C], vector [V], state (h, c) each [n, d] -> new state; h^k_t is new_state[0][k]."""
+        return self.step(self.weights(), self.inputs(image_map, vector), state)[0]
 
 
 class FarmCore(eqx.Module):
@@ -116,8 +176,26 @@ class FarmCore(eqx.Module):
         self.farm = FARM(num_modules, module_size, num_heads, channels=channels, num_pixels=height * width,
                          vector_size=num_actions + 1, projection=projection, key=k_farm)
 
+    RECURRENT_PRODUCT = "noi,ni->no"
+    """how `step` applies the recurrent weight (the module LSTMs' [n, 4d, L]) (for scan_with_weight_grad_after)"""
+
     def initial_state(self):
         return self.farm.initial_state()
+
+    def inputs(self, image_map, vector) -> FarmInputs:
+        """FARM's state-independent inputs from the torso's maps [..., H, W, C] and the vectors [..., V]."""
+        return self.farm.inputs(image_map, vector)
+
+    def recurrent_weight(self):
+        """The module LSTMs' weight [n, 4d, L], the largest weight the recurrence reads."""
+        return self.farm.lstm.linear.weight
+
+    def fused_weights(self) -> FarmWeights:
+        return self.farm.weights()
+
+    def step(self, fused: FarmWeights, inputs: FarmInputs, state, recurrent_weight, offset=0.0):
+        """One FARM step (see FARM.step); returns the new state and the LSTMs' input."""
+        return self.farm.step(fused, inputs, state, recurrent_weight, offset)
 
     def recur(self, image_map, vector, state):
         """One step: (h, c) each [num_modules, module_size]."""

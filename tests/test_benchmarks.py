@@ -24,3 +24,28 @@ def test_minihack_benchmark_runs_its_env_rows(capsys):
     minihack_env.main(minihack_env.Args(num_envs=4, steps=3, repeats=1, train_loop=False))
     out = capsys.readouterr().out
     assert "NLE + pixel_crop" in out and "tile crops + jitted render" in out and "worker processes" in out
+
+
+def test_the_sgd_variants_command_runs_its_rows_and_survives_an_unknown_xla_flag(tmp_path):
+    """benchmarks/sgd_variants.py as a lent GPU runs it, at tiny sizes: the reference, old and new rows run in their
+    own processes and report their compiled programs' loops, the new step's gradient against the reference; a row
+    with an XLA flag this XLA does not know fails alone, with the flag named; the files come back."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.sgd_variants", "--tiny", "--seeds", "2", "--calls", "2",
+                           "--budget-seconds", "400", "--rows", "old", "new", "--custom-flags=--xla_no_such_flag=1",
+                           "--out", str(out), "--work-dir", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r["row"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert [rows[n]["status"] for n in ("reference", "old", "new")] == ["ok"] * 3
+    assert "Unknown flag" in rows["custom"]["status"] and "--xla_no_such_flag" in rows["custom"]["status"]
+    old, new = rows["old"], rows["new"]
+    assert len(old["loops"]) == len(new["loops"]) == 3 and new["ops_per_iteration"] < old["ops_per_iteration"]
+    assert new["grad_error"] < 1e-4 and new["priority_error"] < 1e-4 and not new["nan"]
+    assert "fastest exact row" in done.stdout and "| custom |" in done.stdout
+    assert {p.name for p in out.iterdir()} <= {"results.json", "sgd_variants.log", "hlo_old.txt.gz",
+                                                "hlo_new.txt.gz", "hlo_reference.txt.gz"}

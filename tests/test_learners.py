@@ -201,7 +201,7 @@ def test_priority_from_q_adds_the_q_td_error_priority(variant):
     seq = random_sequence(script, jax.random.PRNGKey(3), args.sequence_length, net.core.initial_state(), 4, True)
     off = script.sequence_loss(net, target, RENDER, seq, args)["priority"]
     on = script.sequence_loss(net, target, RENDER, seq, dataclasses.replace(args, priority_from_q=True))["priority"]
-    psi, psi_target = script.successor_features(net, target, RENDER, seq)[-2:]
+    psi, psi_target = script.successor_features(net, target, RENDER, seq, args)[-2:]
     q, q_target = (jnp.einsum("tac,tc->ta", x, seq.steps.w) for x in (psi, psi_target))
     targets, valid = script.n_step_targets(seq.steps.reward[:-1], script.double_q_bootstrap(q, q_target),
                                            ~seq.steps.first[1:], args.n_step, args.gamma)
@@ -298,11 +298,12 @@ def test_recurrent_state_is_reset_at_episode_starts(variant):
     net = script.make_network(args, jax.random.PRNGKey(8))
     stored = jax.tree.map(lambda x: x + 0.1, net.core.initial_state())
     seq = random_sequence(script, jax.random.PRNGKey(7), args.sequence_length, stored, episode_end=3)
-    h = script.unroll(net.core, RENDER, seq)[0]
+    h = script.unroll(net.core, RENDER, seq, args)[1][0]
     # the new episode from step 4 on sees nothing of the stored state or of steps 0..3
     fresh = seq._replace(steps=jax.tree.map(lambda x: x[4:], seq.steps), state=net.core.initial_state())
-    np.testing.assert_allclose(h[4:], script.unroll(net.core, RENDER, fresh)[0], atol=1e-6)
-    assert not np.allclose(h[:4], script.unroll(net.core, RENDER, seq._replace(state=net.core.initial_state()))[0][:4])
+    np.testing.assert_allclose(h[4:], script.unroll(net.core, RENDER, fresh, args)[1][0], atol=1e-6)
+    reset = seq._replace(state=net.core.initial_state())
+    assert not np.allclose(h[:4], script.unroll(net.core, RENDER, reset, args)[1][0][:4])
 
 
 # -------------------------------------------------------------------------------------------------------------- GPI
