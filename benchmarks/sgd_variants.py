@@ -13,7 +13,9 @@ subprocess with its own XLA_FLAGS, so that a flag this XLA does not know fails t
 - XLA flag rows (command buffers for whole loops, no Triton GEMM, ...) on top of a code variant;
 - `bf16`: every matmul with bfloat16 inputs and float32 accumulation (jax.default_matmul_precision
   "BF16_BF16_F32"), marked NOT exact: its gradient error says how far it is from the reference;
-- `chunk`: one whole training iteration (acting 32 envs x 40 steps, insertion, 24 SGD steps) for BabyAI.
+- `chunk`: one whole training iteration (acting 32 envs x 40 steps, insertion, 24 SGD steps) for BabyAI;
+- Fruitbot's and MiniHack's step (Impala torso), with the patch convolutions chosen for the CPU and with XLA's own
+  (`native_conv`), for their protocol projections.
 Every row reports compile seconds, ms per step (median of blocks of calls, and the blocks' min-max), the HLO ops
 executed per step (entry + each loop's trip count x its body: kernels, on a GPU; `--xla_dump_to` is not needed), the
 loops and ops per iteration, the worst per-parameter gradient error and priority error against the old step at
@@ -65,6 +67,7 @@ class Row:
     xla_flags: str = ""
     unroll: int = 1
     precision: str | None = None  # jax.default_matmul_precision of the step (None: the device's default)
+    native_conv: bool = False  # the Impala torso with XLA's own convolution (common.networks.Conv2d.native)
     chunk: bool = False  # time a whole training iteration instead of one SGD step
 
     @property
@@ -73,10 +76,10 @@ class Row:
 
 
 def rows_in_order(seeds: int) -> list[Row]:
-    """The rows in the order a short budget should run them (the reference first: every row's error needs it)."""
+    """The rows in the order a short budget should run them (run_rows puts a reference row first for every env and
+    number of seeds: every row's gradient error needs it)."""
     k, one = seeds, 1
     return [
-        Row("reference", "reference", k),
         Row("old", "old", k), Row("new", "new", k),
         Row("fused", "fused", k), Row("joint+after", "joint+after", k), Row("joint", "joint", k),
         Row("after", "after", k),
@@ -85,12 +88,14 @@ def rows_in_order(seeds: int) -> list[Row]:
         Row("fused+cmdbuf", "fused", k, xla_flags=COMMAND_BUFFERS),
         Row("old_k1", "old", one), Row("new_k1", "new", one), Row("joint+after_k1", "joint+after", one),
         Row("joint+after+unroll2", "joint+after", k, unroll=2), Row("joint+after+unroll4", "joint+after", k, unroll=4),
-        Row("fused+unroll4", "fused", k, unroll=4),
+        Row("fused+unroll2", "fused", k, unroll=2), Row("fused+unroll4", "fused", k, unroll=4),
         Row("joint+after+no_triton", "joint+after", k, xla_flags="--xla_gpu_enable_triton_gemm=false"),
         Row("joint+after+bf16", "joint+after", k, precision="BF16_BF16_F32"),
         Row("chunk_old", "old", k, chunk=True), Row("chunk_new", "new", k, chunk=True),
         Row("fruitbot_old", "old", k, env="fruitbot"), Row("fruitbot_new", "new", k, env="fruitbot"),
+        Row("fruitbot_new_native_conv", "new", k, env="fruitbot", native_conv=True),
         Row("minihack_old", "old", k, env="minihack"), Row("minihack_new", "new", k, env="minihack"),
+        Row("minihack_new_native_conv", "new", k, env="minihack", native_conv=True),
     ]
 
 
@@ -256,6 +261,9 @@ def run_row(row: Row, bench: Args) -> dict:
     import numpy as np
 
     script = importlib.import_module(SCRIPTS[row.env])
+    from common.networks import Conv2d
+
+    Conv2d.native = row.native_conv
     settings = (TINY if bench.tiny else {}) | ({} if row.code in ("new",) else CODE.get(row.code, CODE["old"]))
     args = script.Args(**settings, learner_unroll=row.unroll)
     args = dataclasses.replace(args, replay_size=min(args.replay_size, 2_000),  # the step's time does not depend on it
@@ -306,9 +314,12 @@ def run_row(row: Row, bench: Args) -> dict:
     _, _, grads, priorities = compiled(nets, opt_states, targets, batches[0], probabilities)
     work = Path(bench.work_dir)
     reference = work / f"reference_{row.env}_{k}_{'tiny' if bench.tiny else 'paper'}.npz"
+    work.mkdir(parents=True, exist_ok=True)
     if row.code == "reference":
         np.savez(reference, priorities=np.asarray(priorities), *[np.asarray(g) for g in jax.tree.leaves(grads)])
     result |= gradient_error(grads, priorities, reference)
+    if row.code == "reference":  # its gradient is the point, not its time (at `highest` precision)
+        return result
     for _ in range(5):  # warm-up
         out = compiled(nets, opt_states, targets, batches[0], probabilities)
     jax.block_until_ready(out)
@@ -398,8 +409,11 @@ def run_rows(bench: Args) -> list[dict]:
         raise SystemExit(f"error: unknown rows {unknown}; choose from {', '.join(table)}")
     if bench.custom_flags and "custom" not in names:
         names.insert(min(3, len(names)), "custom")
-    if "reference" in table and "reference" not in names and any(table[n].code != "reference" for n in names):
-        names.insert(0, "reference")
+    for env, seeds in dict.fromkeys((table[n].env, table[n].seeds) for n in names if not table[n].chunk):
+        if not any(table[n].code == "reference" and (table[n].env, table[n].seeds) == (env, seeds) for n in names):
+            reference = f"reference_{env}_k{seeds}"  # every (env, seeds) of the rows gets its reference, first
+            table[reference] = Row(reference, "reference", seeds, env=env)
+            names.insert(0, reference)
     Path(bench.work_dir).mkdir(parents=True, exist_ok=True)
     for stale in Path(bench.work_dir).glob("*"):
         stale.unlink()
@@ -451,12 +465,16 @@ def report(results: list[dict], bench: Args) -> dict:
             say(f"| {r['row']} | | | | | | | | | | {r['status']} |")
             continue
         loops = " + ".join(f"{t}x{n}" for t, n in r.get("loops", [])) or "-"
+        if "ms" not in r:  # a reference row: compiled, not timed
+            say(f"| {r['row']} | {r['seeds']} | {r['compile_s']} | (reference: not timed) | {r['ops_per_call']} | "
+                f"{loops} | | | | | ok |")
+            continue
         minutes = r.get("protocol_minutes", r.get("learner_minutes"))
         say(f"| {r['row']} | {r['seeds']} | {r['compile_s']} | {r['ms']} ({r['ms_min']}-{r['ms_max']}) "
               f"{r.get('per', '')}| {fmt(r.get('ops_per_call'))} | {loops} | {fmt(r.get('grad_error'))} | "
               f"{fmt(r.get('priority_error'))} | {fmt(minutes)} | {'yes' if r['exact'] else 'NO'} | ok |")
     candidates = [r for r in results if r.get("status") == "ok" and r["exact"] and r["env"] == "babyai"
-                  and r["seeds"] == bench.seeds and "per" not in r and r["row"] != "reference"]
+                  and r["seeds"] == bench.seeds and "per" not in r and "ms" in r]
     choice = {}
     if candidates:
         best = min(candidates, key=lambda r: r["ms"])
@@ -481,6 +499,9 @@ def main(bench: Args) -> None:
     if bench.row is not None:
         table = {r.name: r for r in rows_in_order(bench.seeds)}
         table["custom"] = Row("custom", "new", bench.seeds, xla_flags=bench.custom_flags)
+        env, _, seeds = bench.row.removeprefix("reference_").rpartition("_k")
+        if bench.row.startswith("reference_"):
+            table[bench.row] = Row(bench.row, "reference", int(seeds), env=env)
         print("ROW_RESULT " + json.dumps(run_row(table[bench.row], bench)), flush=True)
         return
     if bench.budget_seconds <= bench.reserve_seconds + 30:

@@ -48,6 +48,7 @@ class Conv2d(eqx.Module):
     kernel: int = eqx.field(static=True)
     stride: int = eqx.field(static=True)
     space_to_depth = True  # class-wide switch: benchmarks/learner.py times the plain patch path against it
+    native = False  # class-wide switch: XLA's own convolution instead (benchmarks/sgd_variants.py times it on a GPU)
 
     def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int, key):
         fan_in = in_ch * kernel * kernel
@@ -58,6 +59,10 @@ class Conv2d(eqx.Module):
     def __call__(self, x):
         k, s = self.kernel, self.stride
         h, w, channels = x.shape
+        if self.native:  # the same SAME-padded convolution, as one XLA op (its padding splits as below)
+            kernel = self.weight.reshape(k, k, channels, -1)
+            return jax.lax.conv_general_dilated(x[None], kernel, (s, s), "SAME",
+                                                dimension_numbers=("NHWC", "HWIO", "NHWC"))[0] + self.bias
         out_h, out_w = -(-h // s), -(-w // s)
         pad_h, pad_w = max((out_h - 1) * s + k - h, 0), max((out_w - 1) * s + k - w, 0)
         x = jnp.pad(x, ((pad_h // 2, pad_h - pad_h // 2), (pad_w // 2, pad_w - pad_w // 2), (0, 0)))

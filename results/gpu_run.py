@@ -5,19 +5,23 @@ A lent GPU comes for ~15 minutes, at most 10 per command, and only 8 files of at
 must finish inside the command and bring back what analysis needs (eval.csv, metrics.csv, config.json, and the
 small parameter files), never the replay-holding checkpoints. This driver trains the paper protocol (every script's
 defaults: BabyAI 5M env steps, Fruitbot 10M, MiniHack 3M, at replay ratio 6) for --num-seeds vmapped seeds per
-method, in the order the paper's claims need most (methods that a committed results/<env>/paper_protocol_*/ folder
-already holds go last: no run resumes across lent GPUs, so a new method teaches more than a replicate),
---concurrency methods at a time on the one GPU (BabyAI: two, as an SGD step is latency-bound and two processes
-overlap well; Fruitbot: one, as its replay of frames takes tens of GiB; MiniHack: one, as an SGD step of 10 seeds
-needs 42 GiB of scratch). On a GPU,
-Fruitbot trains as many seeds as fit its memory (seeds_that_fit). Each run stops itself by --max-minutes before the
-budget ends, evaluates, and writes its parameters; a run that finishes early frees its slot for the next method.
-What share of the protocol each method reached is written to summary.json.
+method, one method at a time by default (two runs on one GPU do not overlap: 72-75 min per BabyAI method side by side
+against 39 alone, measured on an H200), in the order the paper's claims need them, skipping the methods whose
+full-protocol run is already committed (results/<env>/paper_protocol/<method>/ with an evaluation at the protocol's
+last step: no run resumes across lent GPUs, so the next method is the first one without). On a GPU, Fruitbot trains
+as many seeds as fit its memory (seeds_that_fit). Each run stops itself by --max-minutes before the budget ends,
+evaluates, and writes its parameters; a run that finishes early frees its slot for the next method. Then, in the
+time kept back (--analysis-seconds), results.analyze plays the saved agents of every seed (Table A, the cumulants'
+quality; only a few seeds' parameters can come back, so this runs here); figures need only eval.csv and
+metrics.csv and are drawn where the files land. What share of the protocol each method reached is written to
+summary.json and to each method's run_summary.json, with the device.
 
     python -m results.gpu_run BUDGET_SECONDS OUT_DIR [--env fruitbot|minihack] [--num-seeds 10] [--extra "..."]
 
-OUT_DIR then holds at most 8 files: summary.json, results.tar.gz (every run's config.json, metrics.csv, eval.csv
-and log) and up to six params_<method>[_<k>].tar.gz of at most 15 MiB, shared among the methods that ran.
+OUT_DIR then holds at most 8 files: summary.json, results.tar.gz (every run's config.json, metrics.csv, eval.csv,
+run_summary.json, log and analysis/) and up to six params_<method>[_<k>].tar.gz of at most 15 MiB, shared among the
+methods that ran. Unpacked under results/<env>/paper_protocol/, a finished run is the full-protocol folder of its
+method.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -74,8 +79,10 @@ METHODS = {  # per env, in the order the paper's claims need them: name -> scrip
         "mvfa": "uvfa.py --env minihack --modular --env-workers 8",
     },
 }
-CONCURRENCY = {"babyai": 2, "fruitbot": 1, "minihack": 1}
-"""methods trained at once unless --concurrency says otherwise. Fruitbot: one replay of frames fills a GPU. MiniHack:
+CONCURRENCY = {"babyai": 1, "fruitbot": 1, "minihack": 1}
+"""methods trained at once unless --concurrency says otherwise. BabyAI: two runs on one H200 did not overlap (72-75
+min per method side by side against 39 alone, 2026-11-27), so one at a time finishes a method sooner and the
+methods in order. Fruitbot: one replay of frames fills a GPU. MiniHack:
 an SGD step of 10 vmapped seeds needs 42 GiB of scratch (4.2 GiB per seed, XLA's memory analysis; the Impala torso
 on 8 x 41 crops and their final views), and two at once did not fit an H200 (2026-11-27: MSFA stopped with
 RESOURCE_EXHAUSTED while USFA-learned ran beside it)"""
@@ -86,6 +93,10 @@ plays them to the end (~14 s per seed on this repository's 2-core CPU, so ~140 s
 both runs killed mid-evaluation on the H200)"""
 FIT_SEEDS = ("fruitbot",)
 """envs whose replay (64x64x3 frames: 33 GiB per seed at the paper's 70k sequences) limits the seeds a GPU holds"""
+ANALYSIS_SECONDS = {"babyai": 60.0, "fruitbot": 0.0, "minihack": 0.0}
+"""kept back at the end, on top of the reserve, for results.analyze of the saved agents (unless --analysis-seconds
+says otherwise): Table A and the cumulants' quality need every seed's parameters, which cannot all come back. Only
+BabyAI's analysis exists (results/analyze.py plays GotoAvoid)"""
 PAPER_SEEDS = 10
 REPLAY_SHARE = 0.7
 """share of the device's memory the replays of all concurrently running methods may take (the rest: activations,
@@ -106,10 +117,10 @@ class Args:
     """vmapped seeds per method (seeds 1..num_seeds); default 10, or with --env fruitbot on a GPU as many as fit (up to
     10): a count whose replays cannot fit is refused"""
     methods: tuple[str, ...] = ()
-    """methods in the order to run them (default: every method of --env, in the order the paper's claims need them,
-    those already committed under results/<env>/paper_protocol_*/ last)"""
+    """methods in the order to run them (default: the methods of --env whose full-protocol run is not committed under
+    results/<env>/paper_protocol/, in the order the paper's claims need them)"""
     concurrency: int | None = None
-    """methods trained at the same time on the one GPU (default 2 for babyai, 1 for fruitbot and minihack)"""
+    """methods trained at the same time on the one GPU (default 1)"""
     extra: str = ""
     """flags added to every run (tests use tiny settings here; the GPU run uses the paper's defaults)"""
     work_dir: str = "/tmp/msfa-gpu-runs"
@@ -119,6 +130,10 @@ class Args:
     180 for minihack)"""
     min_run_seconds: float = 90.0
     """a method is started only with at least this much time left (start-up and compilation take about a minute)"""
+    analysis_seconds: float | None = None
+    """kept back after the runs for results.analyze of their saved agents (default 60 for babyai; 0: no analysis)"""
+    analysis_episodes: int = 40
+    """greedy episodes per task and seed of that analysis (the paper's Table A: 40)"""
 
 
 def seeds_that_fit(replay_bytes_per_seed: int, concurrency: int, bytes_limit: int) -> int:
@@ -188,10 +203,12 @@ def pack(work: Path, out: Path, started: list[str], summary: dict) -> None:
     summary). One MSFA seed is 8.7 MB, so one archive holds one seed: two methods bring back three seeds each."""
     with tarfile.open(out / "results.tar.gz", "w:gz") as tar:
         for name in started:
-            for f in ("config.json", "metrics.csv", "eval.csv"):
+            for f in ("config.json", "metrics.csv", "eval.csv", "run_summary.json", "analysis"):
                 if (work / name / f).exists():
                     tar.add(work / name / f, arcname=f"{name}/{f}")
             tar.add(work / f"{name}.log", arcname=f"{name}/train.log")
+            if (work / f"{name}.analysis.log").exists():
+                tar.add(work / f"{name}.analysis.log", arcname=f"{name}/analysis.log")
     params = {name: sorted((work / name).glob("params_seed*.eqx"), key=lambda p: int(p.stem.split("seed")[1]))
               for name in started}
     with_params = [name for name in started if params[name]]
@@ -216,38 +233,76 @@ def pack(work: Path, out: Path, started: list[str], summary: dict) -> None:
         summary[name].setdefault("params_seeds", [])
 
 
-def committed_methods(env: str, results: Path = ROOT / "results") -> set[str]:
-    """Methods whose paper-protocol run on a lent GPU is already committed (results/<env>/paper_protocol_*/<method>/
-    with an eval.csv holding at least one evaluation: a run stopped before its first evaluation taught little and is
-    run again)."""
-    return {p.parent.name for p in (results / env).glob("paper_protocol_*/*/eval.csv")
-            if len(p.read_text().splitlines()) > 1}
+def full_protocol_methods(env: str, results: Path = ROOT / "results") -> set[str]:
+    """Methods whose full-protocol run is committed: results/<env>/paper_protocol/<method>/ whose eval.csv has an
+    evaluation at the protocol's last step (config.json's total_timesteps). Partial runs of earlier leases (the
+    paper_protocol_<device>/ folders) do not count: no run resumes across lent GPUs."""
+    done = set()
+    for config in (results / env / "paper_protocol").glob("*/config.json"):
+        total = json.loads(config.read_text()).get("args", {}).get("total_timesteps")
+        evaluated = config.parent / "eval.csv"
+        steps = [int(line.split(",")[0]) for line in evaluated.read_text().splitlines()[1:]] \
+            if evaluated.exists() else []
+        if total and steps and max(steps) >= total:
+            done.add(config.parent.name)
+    return done
 
 
 def default_order(env: str, results: Path = ROOT / "results") -> tuple[str, ...]:
-    """Every method of env in the order the paper's claims need them, those already committed moved to the end."""
-    done = committed_methods(env, results)
-    return (*(m for m in METHODS[env] if m not in done), *(m for m in METHODS[env] if m in done))
+    """The methods of env without a committed full-protocol run, in the order the paper's claims need them."""
+    done = full_protocol_methods(env, results)
+    return tuple(m for m in METHODS[env] if m not in done)
+
+
+def analyze(work: Path, names: list[str], deadline: float, episodes: int) -> dict[str, str]:
+    """results.analyze of each run's saved agents into <run>/analysis/, in order, while time is left before the
+    deadline; returns each method's outcome (for summary.json)."""
+    outcome = {}
+    for name in names:
+        left = deadline - time.time()
+        if not list((work / name).glob("params_seed*.eqx")):
+            outcome[name] = "no saved agents"
+            continue
+        if left < 20:
+            outcome[name] = "not run: out of time"
+            continue
+        command = [sys.executable, "-m", "results.analyze", str(work / name), "--out", str(work / name / "analysis"),
+                   "--episodes", str(episodes)]
+        print(f"[gpu_run] {time.strftime('%H:%M:%S')} analyse {name} (at most {left:.0f} s)", flush=True)
+        try:
+            with (work / f"{name}.analysis.log").open("w") as log:
+                done = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=left)
+            outcome[name] = "ok" if done.returncode == 0 else f"failed (exit {done.returncode})"
+        except subprocess.TimeoutExpired:
+            outcome[name] = f"timed out after {left:.0f} s"
+    return outcome
 
 
 def resolve(args: Args) -> tuple[Args, dict]:
     """args with --env's defaults filled in (methods, concurrency, reserve, seeds), checked; and what the seed count
     was decided from (for summary.json). Imports jax (the device's memory decides Fruitbot's seeds)."""
     require(args.env in METHODS, f"unknown --env {args.env!r}; choose from {', '.join(METHODS)}")
-    methods = METHODS[args.env]
+    methods = args.methods or default_order(args.env)
+    require(methods, f"every {args.env} method has a full-protocol run under results/{args.env}/paper_protocol/; "
+                     f"pass --methods to run one again")
     args = dataclasses.replace(
-        args, methods=args.methods or default_order(args.env),
+        args, methods=methods,
         concurrency=CONCURRENCY[args.env] if args.concurrency is None else args.concurrency,
-        reserve_seconds=RESERVE_SECONDS[args.env] if args.reserve_seconds is None else args.reserve_seconds)
-    require(args.budget_seconds > args.reserve_seconds + args.min_run_seconds,
-            f"the budget must exceed --reserve-seconds + --min-run-seconds "
-            f"({args.reserve_seconds + args.min_run_seconds:.0f} s), got {args.budget_seconds:.0f}")
-    unknown = [m for m in args.methods if m not in methods]
-    require(not unknown, f"unknown methods {unknown} for --env {args.env}; choose from {', '.join(methods)}")
+        reserve_seconds=RESERVE_SECONDS[args.env] if args.reserve_seconds is None else args.reserve_seconds,
+        analysis_seconds=ANALYSIS_SECONDS[args.env] if args.analysis_seconds is None else args.analysis_seconds)
+    kept = args.reserve_seconds + args.analysis_seconds
+    require(args.budget_seconds > kept + args.min_run_seconds,
+            f"the budget must exceed --reserve-seconds + --analysis-seconds + --min-run-seconds "
+            f"({kept + args.min_run_seconds:.0f} s), got {args.budget_seconds:.0f}")
+    require(args.analysis_seconds >= 0 and args.analysis_episodes > 0,
+            "--analysis-seconds must be non-negative and --analysis-episodes positive")
+    known = METHODS[args.env]
+    unknown = [m for m in args.methods if m not in known]
+    require(not unknown, f"unknown methods {unknown} for --env {args.env}; choose from {', '.join(known)}")
     require((args.num_seeds is None or args.num_seeds > 0) and args.concurrency > 0,
             "--num-seeds and --concurrency must be positive")
     limit = device_memory_limit() if args.env in FIT_SEEDS else None
-    per_seed = replay_bytes_per_seed(methods, list(args.methods), args.extra) if limit is not None else None
+    per_seed = replay_bytes_per_seed(known, list(args.methods), args.extra) if limit is not None else None
     args = dataclasses.replace(args, num_seeds=choose_num_seeds(args.num_seeds, per_seed, args.concurrency, limit))
     memory = {} if limit is None else {"device_bytes_limit": limit, "replay_bytes_per_seed": per_seed}
     return args, memory
@@ -261,7 +316,7 @@ def main(args: Args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     require(not any(out.iterdir()), f"{out} is not empty; pass an empty or new OUT_DIR")
     work.mkdir(parents=True, exist_ok=True)
-    deadline = start + args.budget_seconds - args.reserve_seconds
+    deadline = start + args.budget_seconds - args.reserve_seconds - args.analysis_seconds  # for training
 
     import jax
 
@@ -303,10 +358,19 @@ def main(args: Args) -> None:
         summary[name].update({"steps_per_seed": steps, "total_timesteps": total,
                               "share_of_protocol": round(steps / total, 4) if total else None})
         summary[name].pop("_start", None)
+    if args.analysis_seconds > 0:
+        outcome = analyze(work, started, start + args.budget_seconds - args.reserve_seconds, args.analysis_episodes)
+        for name in started:
+            summary[name]["analysis"] = outcome[name]
+    settings = {"device": device, "env": args.env, "budget_seconds": args.budget_seconds,
+                "num_seeds": args.num_seeds, "concurrency": args.concurrency, **memory, "extra_flags": args.extra,
+                "xla_flags": os.environ.get("XLA_FLAGS", "")}
+    for name in started:  # each method's folder names its device and how far it got
+        (work / name).mkdir(parents=True, exist_ok=True)
+        (work / name / "run_summary.json").write_text(json.dumps({"method": name, **settings, **summary[name]},
+                                                                 indent=2))
     pack(work, out, started, summary)
-    summary = {"device": device, "env": args.env, "budget_seconds": args.budget_seconds,
-               "num_seeds": args.num_seeds, "concurrency": args.concurrency, **memory, "extra_flags": args.extra,
-               "not_started": queue, **summary}
+    summary = {**settings, "not_started": queue, **summary}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     for name in started:
         print(f"[gpu_run] {name}: {summary[name]['steps_per_seed']:,} steps per seed "

@@ -122,3 +122,30 @@ def test_one_fused_step_is_the_papers_farm_step_and_the_lstm_core_step(torso):
         stepped, _ = core.step(core.fused_weights(), inputs, state, core.recurrent_weight())
         for a, b in zip(stepped, old):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_parameters_keep_their_tree_so_old_checkpoints_and_parameter_files_load():
+    """Checkpoints and parameter files hold the networks' parameter trees (and Adam's, of the same tree): every
+    script's networks, at the tests' tiny settings and at the paper's, have the paths and shapes recorded by the code
+    before the fused step (tests/fixtures/parameter_trees_c004d88.json, written at commit c004d88)."""
+    import json
+    from pathlib import Path
+
+    import msfa_babyai
+    import uvfa
+
+    def tree(net):
+        leaves = jax.tree_util.tree_flatten_with_path(eqx.filter(net, eqx.is_inexact_array))[0]
+        return [[jax.tree_util.keystr(p), list(x.shape)] for p, x in leaves]
+
+    before = json.loads((Path(__file__).parent / "fixtures" / "parameter_trees_c004d88.json").read_text())
+    now = {f"{name} tiny": tree(script.make_network(script.Args(**settings), jax.random.PRNGKey(0)))
+           for name, (script, settings, _) in VARIANTS.items()}
+    paper = {"msfa_babyai": (msfa_babyai, {}), "msfa_fruitbot": (msfa_fruitbot, {}),
+             "msfa_minihack": (msfa_minihack, {}), "usfa-learned_fruitbot": (usfa, dict(env="fruitbot",
+                                                                                         learned_cumulants=True)),
+             "uvfa-farm_minihack": (uvfa, dict(env="minihack", farm=True))}
+    now |= {f"{name} paper": tree(jax.eval_shape(lambda: script.make_network(script.Args(**settings),
+                                                                             jax.random.PRNGKey(0))))
+            for name, (script, settings) in paper.items()}
+    assert now == before

@@ -68,7 +68,8 @@ def test_gpu_run_trains_in_priority_order_within_its_budget_and_leaves_what_can_
     budget = 40
     start = time.time()
     gpu_run.main(gpu_run.Args(budget, str(out), num_seeds=2, methods=("quick", "hangs", "slow", "late"),
-                              work_dir=str(work), reserve_seconds=20, min_run_seconds=10))
+                              work_dir=str(work), reserve_seconds=20, min_run_seconds=10, concurrency=2,
+                              analysis_seconds=0))
     assert time.time() - start <= budget
     files = sorted(p for p in out.rglob("*") if p.is_file())
     assert 2 <= len(files) <= 8 and all(p.stat().st_size <= 16 * 2**20 and p.parent == out for p in files), files
@@ -83,28 +84,37 @@ def test_gpu_run_trains_in_priority_order_within_its_budget_and_leaves_what_can_
     with tarfile.open(out / "results.tar.gz") as tar:
         names = set(tar.getnames())
     assert {f"{m}/{f}" for m in ("quick", "hangs", "slow") for f in ("config.json", "metrics.csv", "eval.csv",
-                                                                      "train.log")} == names
+                                                                      "run_summary.json", "train.log")} == names
     with tarfile.open(out / "params_slow.tar.gz") as tar:
         assert tar.getnames() == ["slow/params_seed1.eqx", "slow/params_seed2.eqx"]
 
 
 def test_gpu_run_runs_a_real_script_end_to_end(tmp_path):
     """The prepared command itself (results/babyai/gpu_run.sh) on the CPU: MSFA with two vmapped seeds at tiny
-    settings finishes its protocol, brings back its small files and both seeds' parameters, and writes no replay-sized
-    checkpoint. The budget is generous: the command ends when the run does (the budget's timeline is tested above)."""
+    settings finishes its protocol, its saved agents are analysed (Table A, the cumulants' quality), and it brings
+    back its small files, the analysis, a summary naming the device, and both seeds' parameters, writing no
+    replay-sized checkpoint. The budget is generous: the command ends when the run does (the budget's timeline is
+    tested above)."""
     out, work = tmp_path / "out", tmp_path / "work"
     extra = " ".join([*TINY, *SMALL_NET, "--total-timesteps", "128", "--log-every", "64", "--eval-every", "64"])
     done = subprocess.run(
         ["bash", "results/babyai/gpu_run.sh", "900", str(out), "--num-seeds", "2", f"--extra={extra}",
-         "--work-dir", str(work), "--methods", "msfa", "--reserve-seconds", "30", "--min-run-seconds", "30"],
+         "--work-dir", str(work), "--methods", "msfa", "--reserve-seconds", "30", "--min-run-seconds", "30",
+         "--analysis-seconds", "240", "--analysis-episodes", "2"],
         cwd=ROOT, env=os.environ | {"PYTHON": sys.executable}, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["params_msfa.tar.gz", "results.tar.gz", "summary.json"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["msfa"]["exit_status"] == 0 and summary["msfa"]["share_of_protocol"] == 1.0, summary["msfa"]
     assert summary["msfa"]["params_seeds"] == [1, 2] and summary["num_seeds"] == 2
+    assert summary["msfa"]["analysis"] == "ok" and summary["concurrency"] == 1
     with tarfile.open(out / "results.tar.gz") as tar:
-        assert {f"msfa/{f}" for f in ("config.json", "metrics.csv", "eval.csv", "train.log")} == set(tar.getnames())
+        assert {f"msfa/{f}" for f in ("config.json", "metrics.csv", "eval.csv", "run_summary.json", "train.log",
+                                      "analysis.log", "analysis/analysis.md")} <= set(tar.getnames())
+        run_summary = json.loads(tar.extractfile("msfa/run_summary.json").read())
+        analysis = tar.extractfile("msfa/analysis/analysis.md").read().decode()
+    assert "cpu" in run_summary["device"] and run_summary["share_of_protocol"] == 1.0
+    assert "Table A" in analysis
     with tarfile.open(out / "params_msfa.tar.gz") as tar:
         assert sorted(tar.getnames()) == ["msfa/params_seed1.eqx", "msfa/params_seed2.eqx"]
         header = json.loads(tar.extractfile("msfa/params_seed2.eqx").readline())
@@ -155,20 +165,33 @@ def test_the_scripts_import_without_the_other_envs_packages(blocked, code):
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_methods_already_committed_run_last(tmp_path):
-    """No run resumes across lent GPUs, so the default order puts methods with a committed paper-protocol folder
-    after the others (in the paper's order within each group); an eval.csv with an evaluation marks a method as
-    committed."""
-    for device, name in (("h200", "msfa"), ("h100", "usfa"), ("h100", "uvfa")):
-        (tmp_path / "babyai" / f"paper_protocol_{device}" / name).mkdir(parents=True)
-        (tmp_path / "babyai" / f"paper_protocol_{device}" / name / "eval.csv").write_text("step,seed\n250880,1\n")
-    (tmp_path / "babyai" / "paper_protocol_h100" / "mvfa").mkdir()  # no eval.csv: not committed
-    (tmp_path / "babyai" / "paper_protocol_h100" / "usfa_learned").mkdir()  # stopped before its first evaluation
-    (tmp_path / "babyai" / "paper_protocol_h100" / "usfa_learned" / "eval.csv").write_text("step,seed\n")
-    order = gpu_run.default_order("babyai", tmp_path)
-    assert order == ("usfa_learned", "uvfa_farm", "msfa_entangled_psi", "msfa_entangled_phi", "msfa_entangled_both",
-                     "mvfa", "msfa", "usfa", "uvfa")
+def test_the_next_method_is_the_first_without_a_full_protocol_run(tmp_path):
+    """No run resumes across lent GPUs: the default order is the paper's, less the methods whose full-protocol run is
+    committed (results/<env>/paper_protocol/<method>/ with an evaluation at config.json's total_timesteps); partial
+    runs of earlier leases (paper_protocol_<device>/) and a run cut short do not count."""
+    def run(folder, name, last_step, total=5_000_000):
+        (tmp_path / "babyai" / folder / name).mkdir(parents=True)
+        config = {"args": {"total_timesteps": total}}
+        (tmp_path / "babyai" / folder / name / "config.json").write_text(json.dumps(config))
+        (tmp_path / "babyai" / folder / name / "eval.csv").write_text(f"step,seed\n250880,1\n{last_step},1\n")
+
+    run("paper_protocol", "msfa", 5_000_960)  # whole iterations: a little past the total
+    run("paper_protocol", "usfa_learned", 4_000_000)  # stopped by the budget
+    run("paper_protocol_h100", "usfa", 5_000_960)  # an old lease's folder
+    assert gpu_run.default_order("babyai", tmp_path) == tuple(m for m in gpu_run.METHODS["babyai"] if m != "msfa")
     assert gpu_run.default_order("minihack", tmp_path) == tuple(gpu_run.METHODS["minihack"])
+    for name in gpu_run.METHODS["babyai"]:
+        if name not in ("msfa", "usfa_learned"):
+            run("paper_protocol", name, 5_000_960)
+    (tmp_path / "babyai" / "paper_protocol" / "usfa_learned" / "eval.csv").write_text("step,seed\n5000960,1\n")
+    assert gpu_run.default_order("babyai", tmp_path) == ()  # every method done
+
+
+def test_gpu_run_says_when_every_method_has_its_full_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_run, "default_order", lambda env: ())
+    with pytest.raises(SystemExit):
+        gpu_run.main(gpu_run.Args(540, str(tmp_path / "out")))
+    assert "every babyai method has a full-protocol run" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("env", list(gpu_run.METHODS))
