@@ -37,7 +37,7 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import tyro
@@ -458,8 +458,8 @@ def fmt(x, spec: str = "") -> str:
 
 def report(results: list[dict], bench: Args) -> dict:
     """The table, the fastest exact SGD-step row of BabyAI at K seeds, and the command that would use it."""
-    say(f"\n| row | seeds | compile s | ms/step (min-max) | ops/step | loops x ops/iter | grad err | prio err | "
-        f"protocol min (learner) | exact | status |\n|---|---:|---:|---|---:|---|---:|---:|---:|---|---|")
+    say("\n| row | seeds | compile s | ms/step (min-max) | ops/step | loops x ops/iter | grad err | prio err | "
+        "protocol min (learner) | exact | status |\n|---|---:|---:|---|---:|---|---:|---:|---:|---|---|")
     for r in results:
         if r.get("status") != "ok":
             say(f"| {r['row']} | | | | | | | | | | {r['status']} |")
