@@ -103,12 +103,12 @@ class Args:
     are the same up to float rounding (benchmarks/sgd_variants.py measures what pays on a device)"""
     joint_target_unroll: bool = False
     """speed only: the online and target networks unroll side by side in one loop (stacked on a leading axis)
-    instead of one loop each, same values; off by default: 1.4-1.9x slower on a CPU (benchmarks/sgd_variants.py)"""
+    instead of one loop each, same values; off by default: 1.5x slower on a CPU (benchmarks/sgd_variants.py)"""
     lstm_grad_after_loop: bool = False
     """speed only: the recurrent weight's gradient (the LSTM's W_h; FARM: the module LSTMs' weight) is formed after
     the backward loop, as one matmul over every step of the batch, instead of summed step by step inside it
-    (common.networks.scan_with_weight_grad_after); same gradient; off by default: 15% slower on a CPU
-    (benchmarks/sgd_variants.py)"""
+    (common.networks.scan_with_weight_grad_after); same gradient; off by default: 8-15% slower on a
+    CPU (benchmarks/sgd_variants.py)"""
 
     env: str = "babyai"
     """environment: babyai, fruitbot or minihack (the defaults marked "default: ..." follow it)"""
@@ -395,8 +395,8 @@ def core_step(core, rgb, prev_action, prev_reward, state):
 def recurrence(core, maps, vectors, seq: Sequence, args: Args):
     """The recurrent states (h, c) [T, ...] along a sequence from the torso's maps and the [a_prev; r_prev] vectors,
     resetting at episode starts. The core's state-independent part runs for all steps at once, before the loop; the
-    loop runs what reads the states (common/farm.py, common/networks.py) and leaves the recurrent weight's gradient
-    to after the loop (--lstm-grad-after-loop)."""
+    loop runs what reads the states (common/farm.py, common/networks.py); with --lstm-grad-after-loop the recurrent
+    weight's gradient is formed after the loop."""
     def step(recurrent_weight, params, state, inputs, first, offset):
         core, fused = params
         state, multiplied = core.step(fused, inputs, reset_where(first, state, core.initial_state()),

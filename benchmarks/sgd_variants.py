@@ -46,7 +46,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {"babyai": "msfa_babyai", "fruitbot": "msfa_fruitbot", "minihack": "msfa_minihack"}
 TASK_DIMS = {"babyai": 4, "fruitbot": 4, "minihack": 3}
 CODE = {  # variant: the scripts' speed settings (everything else is each script's defaults)
-    "old": dict(joint_target_unroll=False, lstm_grad_after_loop=False),
+    "new": {},  # the scripts' defaults
+    "old": dict(joint_target_unroll=False, lstm_grad_after_loop=False),  # with tests/reference_learner.py patched in
+    "reference": dict(joint_target_unroll=False, lstm_grad_after_loop=False),  # the same, at `highest` precision
     "fused": dict(joint_target_unroll=False, lstm_grad_after_loop=False),
     "joint": dict(joint_target_unroll=True, lstm_grad_after_loop=False),
     "after": dict(joint_target_unroll=False, lstm_grad_after_loop=True),
@@ -61,7 +63,7 @@ with the unknown flag's message)"""
 @dataclass(frozen=True)
 class Row:
     name: str
-    code: str  # a key of CODE, "new" (the scripts' defaults) or "reference"
+    code: str  # a key of CODE
     seeds: int
     env: str = "babyai"
     xla_flags: str = ""
@@ -77,11 +79,11 @@ class Row:
 
 def rows_in_order(seeds: int) -> list[Row]:
     """The rows in the order a short budget should run them (run_rows puts a reference row first for every env and
-    number of seeds: every row's gradient error needs it)."""
+    number of seeds: every row's gradient error needs it). `new` is the scripts' defaults, now the fused step."""
     k, one = seeds, 1
     return [
         Row("old", "old", k), Row("new", "new", k),
-        Row("fused", "fused", k), Row("joint+after", "joint+after", k), Row("joint", "joint", k),
+        Row("joint+after", "joint+after", k), Row("joint", "joint", k),
         Row("after", "after", k),
         Row("old+cmdbuf", "old", k, xla_flags=COMMAND_BUFFERS),
         Row("joint+after+cmdbuf", "joint+after", k, xla_flags=COMMAND_BUFFERS),
@@ -259,12 +261,13 @@ def run_row(row: Row, bench: Args) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
+    import optax
 
     script = importlib.import_module(SCRIPTS[row.env])
     from common.networks import Conv2d
 
     Conv2d.native = row.native_conv
-    settings = (TINY if bench.tiny else {}) | ({} if row.code in ("new",) else CODE.get(row.code, CODE["old"]))
+    settings = (TINY if bench.tiny else {}) | CODE[row.code]
     args = script.Args(**settings, learner_unroll=row.unroll)
     args = dataclasses.replace(args, replay_size=min(args.replay_size, 2_000),  # the step's time does not depend on it
                                min_replay_size=min(32, args.replay_size))
@@ -285,8 +288,6 @@ def run_row(row: Row, bench: Args) -> dict:
         jnp.stack([jax.random.PRNGKey(1_000 * i + s) for s in range(k)])) for i in range(3)]
     probabilities = jax.random.uniform(jax.random.PRNGKey(7), (k, args.batch_size), minval=0.01, maxval=0.1)
     render = (setup.env.rgb_from_symbolic,) if row.env == "babyai" else ()
-    import optax
-
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm),
                             optax.adam(args.learning_rate, eps=args.adam_eps))
     def grads_and_priorities(params, target_params, batch, probabilities):
@@ -306,7 +307,7 @@ def run_row(row: Row, bench: Args) -> dict:
               "device": f"{jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}"}
     with patch, precision:
         if row.chunk:
-            return result | time_chunk(script, args, k, bench)
+            return result | time_chunk(script, args, k)
         start = time.perf_counter()
         compiled = jax.jit(jax.vmap(update)).lower(nets, opt_states, targets, batches[0], probabilities).compile()
         result["compile_s"] = round(time.perf_counter() - start, 1)
@@ -360,7 +361,7 @@ def gradient_error(grads, priorities, reference: Path) -> dict:
             "priority_error": float(f"{np.max(np.abs(np.asarray(priorities) - ref_p) / np.abs(ref_p)):.3g}")}
 
 
-def time_chunk(script, args, seeds: int, bench: Args) -> dict:
+def time_chunk(script, args, seeds: int) -> dict:
     """One training iteration of the BabyAI script (acting, insertion, SGD steps) for `seeds` vmapped seeds."""
     import jax
     import jax.numpy as jnp
@@ -398,21 +399,29 @@ def say(line: str = "") -> None:
     LOG.append(line)
 
 
+def row_table(bench: Args) -> dict[str, Row]:
+    """Every row by name: rows_in_order's, `custom` with --custom-flags, and `reference_<env>_k<seeds>` for every env
+    and number of seeds among them."""
+    rows = rows_in_order(bench.seeds) + [Row("custom", "new", bench.seeds, xla_flags=bench.custom_flags)]
+    references = [Row(f"reference_{env}_k{seeds}", "reference", seeds, env=env)
+                  for env, seeds in dict.fromkeys((r.env, r.seeds) for r in rows)]
+    return {r.name: r for r in references + rows}
+
+
 def run_rows(bench: Args) -> list[dict]:
     start = time.time()
-    table = {r.name: r for r in rows_in_order(bench.seeds)}
-    if bench.custom_flags:
-        table["custom"] = Row("custom", "new", bench.seeds, xla_flags=bench.custom_flags)
-    names = list(bench.rows) or list(table)
+    table = row_table(bench)
+    if not bench.custom_flags:
+        del table["custom"]
+    names = list(bench.rows) or [n for n in table if table[n].code != "reference"]
     unknown = [n for n in names if n not in table]
     if unknown:
         raise SystemExit(f"error: unknown rows {unknown}; choose from {', '.join(table)}")
     if bench.custom_flags and "custom" not in names:
         names.insert(min(3, len(names)), "custom")
     for env, seeds in dict.fromkeys((table[n].env, table[n].seeds) for n in names if not table[n].chunk):
-        if not any(table[n].code == "reference" and (table[n].env, table[n].seeds) == (env, seeds) for n in names):
-            reference = f"reference_{env}_k{seeds}"  # every (env, seeds) of the rows gets its reference, first
-            table[reference] = Row(reference, "reference", seeds, env=env)
+        reference = f"reference_{env}_k{seeds}"  # every (env, seeds) of the rows gets its reference, first
+        if reference not in names:
             names.insert(0, reference)
     Path(bench.work_dir).mkdir(parents=True, exist_ok=True)
     for stale in Path(bench.work_dir).glob("*"):
@@ -478,12 +487,11 @@ def report(results: list[dict], bench: Args) -> dict:
     choice = {}
     if candidates:
         best = min(candidates, key=lambda r: r["ms"])
-        row = {r.name: r for r in rows_in_order(bench.seeds)}.get(best["row"]) or Row("custom", "new", bench.seeds,
-                                                                                       xla_flags=bench.custom_flags)
+        row = row_table(bench)[best["row"]]
         if row.code == "old":
             say(f"\nfastest exact row: {best['row']} ({best['ms']} ms): the old learner; nothing to change")
             return {"row": best["row"], "ms": best["ms"]}
-        settings = {"new": {}, **CODE}[row.code] | {"learner_unroll": row.unroll}
+        settings = CODE[row.code] | {"learner_unroll": row.unroll}
         flags = " ".join(f"--{k.replace('_', '-')} {v}" if not isinstance(v, bool) else
                          f"--{'' if v else 'no-'}{k.replace('_', '-')}" for k, v in settings.items())
         old = next((r for r in candidates if r["row"] == "old"), None)
@@ -497,12 +505,7 @@ def report(results: list[dict], bench: Args) -> dict:
 
 def main(bench: Args) -> None:
     if bench.row is not None:
-        table = {r.name: r for r in rows_in_order(bench.seeds)}
-        table["custom"] = Row("custom", "new", bench.seeds, xla_flags=bench.custom_flags)
-        env, _, seeds = bench.row.removeprefix("reference_").rpartition("_k")
-        if bench.row.startswith("reference_"):
-            table[bench.row] = Row(bench.row, "reference", int(seeds), env=env)
-        print("ROW_RESULT " + json.dumps(run_row(table[bench.row], bench)), flush=True)
+        print("ROW_RESULT " + json.dumps(run_row(row_table(bench)[bench.row], bench)), flush=True)
         return
     if bench.budget_seconds <= bench.reserve_seconds + 30:
         raise SystemExit(f"error: --budget-seconds must exceed --reserve-seconds + 30, got {bench.budget_seconds}")
