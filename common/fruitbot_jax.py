@@ -70,6 +70,7 @@ OBJECT_R = 0.5
 PLACEMENT_TRIES = 16  # procgen redraws an overlapping object up to 100 times; here the first of 16 free draws
 BULLET_SLOTS = 2  # a key lives 9 steps and one fires at most every 8: never more than two at once
 NUM_SPRITE_TYPES = 12  # fruit 1-6, food 1-6: the collectable sprites
+TYPE_CATEGORY = np.repeat(np.arange(TASK_DIM), 3)  # fruit 1-3: C1, fruit 4-6: C2, food 1-3: C3, food 4-6: C4
 FRUIT_SPRITES = tuple(frame.FRUIT + k for k in range(6))
 FOOD_SPRITES = tuple(frame.FOOD + k for k in range(6))
 
@@ -99,9 +100,11 @@ class GameConfig:
     games: dict  # task vector (tuple) -> tuple of ObjectGroup, in spawn order; key None: every task
 
     def groups(self, task) -> tuple:
-        key = None if None in self.games else tuple(float(v) for v in np.asarray(task))
-        require(key in self.games, f"the {self.name!r} Fruitbot config has no game for task {list(task)}: it has "
-                                   f"{[list(k) for k in self.games]}")
+        if None in self.games:
+            return self.games[None]
+        key = tuple(float(v) for v in np.asarray(task))
+        require(key in self.games, f"the {self.name!r} Fruitbot config has no game for task {list(key)}: its "
+                                   f"games are the tasks {[list(k) for k in self.games]}")
         return self.games[key]
 
     @property
@@ -319,6 +322,11 @@ def game_step(game: Game, action, config: GameConfig, rewards: jax.Array) -> tup
     stock = (collected.astype(f32) @ rewards) + f32(config.completion_bonus) * presents.astype(f32)
     events = Events(collected, stock, done | timed_out, complete, timed_out & ~complete)
     return Game(**fields, cur_time=cur_time, last_fire=last_fire, background=game.background), events
+
+
+def category_counts(collected: jax.Array) -> jax.Array:
+    """phi [4]: the objects of each category among the collected sprite types [12]."""
+    return jnp.zeros(TASK_DIM, jnp.float32).at[TYPE_CATEGORY].add(collected.astype(jnp.float32))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -595,7 +603,7 @@ class FruitbotJax(environment.Environment):
         params = self.default_params if params is None else params
         game, events = game_step(state.game, action, self.config, params.games.rewards[state.task])
         levels = state.levels + events.level_complete.astype(jnp.int32)
-        phi = (events.collected.reshape(TASK_DIM, 3).sum(1)).astype(jnp.float32)
+        phi = category_counts(events.collected)
         w = params.tasks[state.task]
         died = events.done & ~events.level_complete & ~events.timed_out
         terminated = died | (events.level_complete & (levels >= self.max_levels))

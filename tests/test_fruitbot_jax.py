@@ -1,0 +1,290 @@
+"""common/fruitbot_jax.py against procgen's Fruitbot (stock-hard and stock-easy), and the paper configuration.
+
+Dynamics: procgen states from random, gap-seeking and key-firing play (with the agent sometimes moved to a random
+spot and the level clock sometimes set near its limit, so that deaths, level ends, doors, keys in flight and
+timeouts all occur) are loaded into the JAX game; both step with the same action and the next states are compared
+entity by entity (position, velocity, extent, type, sprite; keys ordered by age), with the stock reward, the
+objects collected per type and the done / level-complete flags. On a step that ends a level procgen has already
+reset to the next one: there the step is replayed in a scratch procgen env from the state with barriers, doors and
+presents made inert (common.fruitbot.neutralised), which gives the agent's move and the objects collected (not the
+keys: in the replay a barrier no longer stops one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import struct
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from common import fruitbot as fb
+from common import fruitbot_jax as fj
+
+procgen = pytest.importorskip("procgen")
+
+STEPS_PER_MODE = {"hard": 340, "easy": 340}  # x 16 envs: 5,440 states per mode, 10,880 in all
+NUM_ENVS = 16
+
+
+def _set_field(state: bytes, offset: int, fmt: str, value) -> bytes:
+    out = bytearray(state)
+    struct.pack_into(fmt, out, offset, value)
+    return bytes(out)
+
+
+class ProcgenStates:
+    """A ProcgenGym3Env of stock Fruitbot whose states can be read, edited and written."""
+
+    def __init__(self, mode: str, num: int, seed: int):
+        self.env = procgen.ProcgenGym3Env(num=num, env_name="fruitbot", distribution_mode=mode, num_levels=0,
+                                          start_level=0, rand_seed=seed)
+        self.scratch = procgen.ProcgenGym3Env(num=1, env_name="fruitbot", distribution_mode=mode, num_levels=0,
+                                              start_level=0, rand_seed=seed)
+        self.buffer = self.env._ffi.new(f"char[{fb.STATE_BUFFER_BYTES}]")
+        self.num = num
+
+    def get(self, env, i: int) -> bytes:
+        n = env.call_c_func("get_state", i, self.buffer, fb.STATE_BUFFER_BYTES)
+        return bytes(env._ffi.buffer(self.buffer, n))
+
+    def put(self, env, i: int, state: bytes):
+        env.call_c_func("set_state", i, state, len(state))
+
+    def replay(self, state: bytes, action: int) -> bytes:
+        """The state right after `action`, with nothing that could end the level (the terminal step's own view)."""
+        self.put(self.scratch, 0, fb.neutralised(state))
+        self.scratch.act(np.array([action], np.int32))
+        return self.get(self.scratch, 0)
+
+
+def _canonical(game: fj.Game, config) -> np.ndarray:
+    """The live slots in procgen's list order (keys oldest first): procgen erases entities from its list."""
+    lay = fj.layout(config)
+    live = np.flatnonzero(np.asarray(game.alive))
+    age = np.where(live >= lay.bullets, -np.asarray(game.life)[live], 0)
+    return live[np.lexsort((age, live >= lay.bullets))]
+
+
+def _compare(a: fj.Game, b: fj.Game, config, fields=("x", "y", "vx", "vy", "rx", "ry", "kind", "sprite")) -> list[str]:
+    """Names of the fields in which the live entities of a and b differ ([] if none)."""
+    a, b = jax.tree.map(np.asarray, a), jax.tree.map(np.asarray, b)
+    ia, ib = _canonical(a, config), _canonical(b, config)
+    if len(ia) != len(ib) or not np.array_equal(a.kind[ia], b.kind[ib]):
+        return ["entities"]
+    bad = [k for k in fields if not np.array_equal(getattr(a, k)[ia], getattr(b, k)[ib])]
+    return bad + [k for k in ("cur_time", "last_fire") if int(getattr(a, k)) != int(getattr(b, k))]
+
+
+def run_against_procgen(mode: str, steps: int, seed: int = 0, step_fn=None):
+    """Mismatch classes -> count, and counts of what the play covered."""
+    config = fj.CONFIGS[f"stock-{mode}"]
+    rewards = jnp.asarray(fj.task_games(config, fj.TRAIN_TASKS[:1]).rewards[0])
+    step_fn = step_fn or fj.game_step
+    step = jax.jit(jax.vmap(lambda g, a: step_fn(g, a, config, rewards)))
+    envs = ProcgenStates(mode, NUM_ENVS, seed)
+    rng = np.random.default_rng(seed)
+    envs.env.act(np.full(NUM_ENVS, -1, np.int32))
+    mismatches, seen = {}, {"states": 0, "deaths": 0, "completions": 0, "timeouts": 0, "keys": 0, "doors_opened": 0,
+                            "collected": 0}
+    for _ in range(steps):
+        before = []
+        for i in range(NUM_ENVS):
+            state = envs.get(envs.env, i)
+            u = rng.random()
+            layout = fb.StateLayout(state)
+            if u < 0.04:  # move the agent to a random spot of the level (near barriers, objects, the presents)
+                x = rng.uniform(0.4, fj.CONFIGS[f"stock-{mode}"].main_width - 0.4)
+                y = rng.uniform(0.4, config.main_height - 0.4)
+                state = _set_field(_set_field(state, layout.entities, "<f", x), layout.entities + 4, "<f", y)
+            elif u < 0.05:  # the level clock near its limit
+                state = _set_field(state, layout.step_fields + 4 * fb.CUR_TIME_FIELD, "<i",
+                                   int(rng.integers(fj.TIMEOUT - 3, fj.TIMEOUT)))
+            if u < 0.05:
+                envs.put(envs.env, i, state)
+            before.append(state)
+        scripted = np.array([fb.gap_seeking_action(s, fb.WORLD_WIDTH[mode]) for s in before])
+        u = rng.random(NUM_ENVS)
+        actions = np.where(u < 0.6, scripted, np.where(u < 0.8, rng.integers(0, fj.NUM_ACTIONS, NUM_ENVS), fb.FIRE))
+        actions = actions.astype(np.int32)
+        envs.env.act(actions)
+        reward, _, first = envs.env.observe()
+        info = envs.env.get_info()
+        games = [fj.game_from_procgen(s, config) for s in before]
+        after, events = step(jax.tree.map(lambda *xs: jnp.stack(xs), *games), jnp.asarray(actions))
+        for i in range(NUM_ENVS):
+            seen["states"] += 1
+            ev = jax.tree.map(lambda x: np.asarray(x[i]), events)
+            complete = bool(info[i]["prev_level_complete"])
+            bad = []
+            if bool(ev.done) != bool(first[i]):
+                bad.append("done")
+            if bool(ev.level_complete) != complete:
+                bad.append("level_complete")
+            if abs(float(ev.stock_reward) - float(reward[i])) > 1e-4:
+                bad.append("stock_reward")
+            game_after = jax.tree.map(lambda x: x[i], after)
+            if first[i]:
+                replayed = envs.replay(before[i], int(actions[i]))
+                truth = fj.game_from_procgen(replayed, config)
+                # the agent's move (keys may differ: in the replay barriers no longer stop them)
+                bad += [f"terminal agent {k}" for k in ("x", "y", "vx", "vy")
+                        if float(getattr(truth, k)[0]) != float(getattr(game_after, k)[0])]
+                collected = fb.type_counts(before[i]) - fb.type_counts(replayed)
+                seen["deaths"] += int(not complete and not ev.timed_out)
+                seen["completions"] += int(complete)
+                seen["timeouts"] += int(bool(ev.timed_out))
+            else:
+                truth = fj.game_from_procgen(envs.get(envs.env, i), config)
+                bad += _compare(truth, game_after, config)
+                collected = fb.type_counts(before[i]) - fb.type_counts(envs.get(envs.env, i))
+                kinds = np.asarray(games[i].kind)[np.asarray(games[i].alive)]
+                seen["doors_opened"] += int(np.sum(kinds == fj.DOOR) > np.sum(
+                    np.asarray(truth.kind)[np.asarray(truth.alive)] == fj.DOOR))
+            if not np.array_equal(collected, ev.collected):
+                bad.append("collected")
+            if not np.array_equal(fb.category_cumulants(collected), np.asarray(fj.category_counts(ev.collected))):
+                bad.append("phi")
+            seen["collected"] += int(collected.sum())
+            seen["keys"] += int(np.sum(np.asarray(games[i].kind)[np.asarray(games[i].alive)] == fj.BULLET))
+            for k in bad:
+                mismatches[k] = mismatches.get(k, 0) + 1
+    return mismatches, seen
+
+
+@pytest.mark.parametrize("mode", ["hard", "easy"])
+def test_dynamics_match_procgen(mode):
+    mismatches, seen = run_against_procgen(mode, STEPS_PER_MODE[mode])
+    print(f"\nFruitbot {mode}: {seen}; mismatches {mismatches or 0}")
+    assert seen["states"] >= 5000 and seen["deaths"] > 20 and seen["completions"] > 5 and seen["timeouts"] > 5
+    assert seen["keys"] > 100 and seen["collected"] > 50
+    if mode == "hard":
+        assert seen["doors_opened"] > 0
+    assert not mismatches, f"JAX Fruitbot differs from procgen {mode}: {mismatches}"
+
+
+def _mutant(old: str, new: str, monkeypatch) -> types.ModuleType:
+    """common.fruitbot_jax with one line of its source changed (a planted rule bug)."""
+    source = inspect.getsource(fj)
+    assert source.count(old) == 1, old
+    module = types.ModuleType("fruitbot_jax_mutant")
+    monkeypatch.setitem(sys.modules, module.__name__, module)  # its dataclasses look themselves up there
+    exec(compile(source.replace(old, new), "fruitbot_jax_mutant", "exec"), module.__dict__)
+    return module
+
+
+PLANTED = {
+    # collisions tested where the agent was before its move, not after it
+    "collision order": ("touch = others & _hits(x, y, game.rx, game.ry, ax, ay,",
+                        "touch = others & _hits(x, y, game.rx, game.ry, game.x[0], game.y[0],"),
+    "scroll speed": ("MIXRATE, MAXSPEED, THRUST_Y = 0.5, 0.85, 0.2", "MIXRATE, MAXSPEED, THRUST_Y = 0.5, 0.85, 0.21"),
+    "category swapped": ("TYPE_CATEGORY = np.repeat(np.arange(TASK_DIM), 3)",
+                         "TYPE_CATEGORY = np.repeat(np.arange(TASK_DIM), 3)[[6, 1, 2, 3, 4, 5, 0, 7, 8, 9, 10, 11]]"),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED))
+def test_planted_rule_bugs_are_caught(bug, monkeypatch):
+    mutant = _mutant(*PLANTED[bug], monkeypatch)
+    monkeypatch.setattr(fj, "category_counts", mutant.category_counts)  # the test reads phi through fj
+    mismatches, seen = run_against_procgen("hard", 60, seed=3, step_fn=mutant.game_step)
+    print(f"\nplanted {bug}: mismatches {mismatches}")
+    assert mismatches, f"the planted bug {bug!r} went unnoticed"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Level generation: distributions against procgen's levels
+# ---------------------------------------------------------------------------------------------------------------------
+NUM_LEVELS = 2048
+ALPHA = 1e-3  # per statistic, Bonferroni-corrected below: a correct generator fails a run with probability <= 0.001
+
+
+def level_statistics(games: list[fj.Game], config) -> dict[str, np.ndarray]:
+    """Per-level and pooled quantities whose distributions procgen's rules fix."""
+    lay = fj.layout(config)
+    stats = {k: [] for k in ("agent_x", "row_y", "gap_width", "gap_left", "doors", "fruit", "food", "object_x",
+                             "object_y", "spacing", "sprite", "background", "present")}
+    for g in games:
+        g = jax.tree.map(np.asarray, g)
+        stats["agent_x"].append(g.x[0])
+        rows = lay.walls + 4 * np.arange(config.num_walls)
+        stats["row_y"] += list(g.y[rows])
+        stats["gap_width"] += list((g.x[rows + 1] - g.rx[rows + 1]) - (g.x[rows] + g.rx[rows]))
+        stats["gap_left"] += list(2 * g.rx[rows])
+        stats["doors"].append(int(g.alive[rows + 2].sum()))
+        objects = np.flatnonzero(g.alive & ((g.kind == fj.GOOD) | (g.kind == fj.BAD)))
+        stats["fruit"].append(int(np.sum(g.kind[objects] == fj.GOOD)))
+        stats["food"].append(int(np.sum(g.kind[objects] == fj.BAD)))
+        stats["object_x"] += list(g.x[objects])
+        stats["object_y"] += list(g.y[objects])
+        dist = np.hypot(g.x[objects, None] - g.x[None, objects], g.y[objects, None] - g.y[None, objects])
+        np.fill_diagonal(dist, np.inf)
+        stats["spacing"] += list(dist.min(1))
+        stats["sprite"] += list(g.sprite[objects])
+        stats["background"].append(int(g.background))
+        stats["present"] += list(g.sprite[lay.presents:lay.presents + config.main_width])
+    return {k: np.asarray(v) for k, v in stats.items()}
+
+
+CATEGORICAL = ("doors", "sprite", "background", "present")
+
+
+def compare_distributions(a: dict, b: dict) -> dict[str, float]:
+    """p-value per statistic: two-sample Kolmogorov-Smirnov (chi-square on counts for the categorical ones)."""
+    from scipy import stats
+
+    out = {}
+    for k in a:
+        if k in CATEGORICAL:
+            values = np.union1d(a[k], b[k])
+            table = np.array([[np.sum(x == v) for v in values] for x in (a[k], b[k])])
+            out[k] = 1.0 if len(values) == 1 else float(stats.chi2_contingency(table)[1])
+        else:
+            out[k] = float(stats.ks_2samp(a[k], b[k]).pvalue)
+    return out
+
+
+def procgen_levels(mode: str, config) -> list[fj.Game]:
+    envs = ProcgenStates(mode, 64, seed=5)
+    games = []
+    while len(games) < NUM_LEVELS:
+        envs.env.act(np.full(64, -1, np.int32))  # action -1: every env starts a fresh level
+        games += [fj.game_from_procgen(envs.get(envs.env, i), config) for i in range(64)]
+    return games[:NUM_LEVELS]
+
+
+def jax_levels(config, seed: int = 0) -> list[fj.Game]:
+    games = fj.task_games(config, fj.TRAIN_TASKS[:1])
+    make = jax.jit(jax.vmap(lambda k: fj.generate_level(k, config, games, 0)))
+    levels = make(jax.random.split(jax.random.PRNGKey(seed), NUM_LEVELS))
+    return [jax.tree.map(lambda x: x[i], levels) for i in range(NUM_LEVELS)]
+
+
+@pytest.fixture(scope="module")
+def procgen_statistics():
+    return {mode: level_statistics(procgen_levels(mode, fj.CONFIGS[f"stock-{mode}"]), fj.CONFIGS[f"stock-{mode}"])
+            for mode in ("hard", "easy")}
+
+
+@pytest.mark.parametrize("mode", ["hard", "easy"])
+def test_generated_levels_match_procgen(mode, procgen_statistics):
+    config = fj.CONFIGS[f"stock-{mode}"]
+    ours = level_statistics(jax_levels(config), config)
+    p = compare_distributions(procgen_statistics[mode], ours)
+    print(f"\nFruitbot {mode} levels ({NUM_LEVELS} each), p-values: " + ", ".join(f"{k} {v:.3g}" for k, v in p.items()))
+    failed = {k: v for k, v in p.items() if v < ALPHA / len(p)}
+    assert not failed, f"JAX levels differ from procgen {mode}'s: {failed}"
+
+
+@pytest.mark.parametrize("change", [{"min_pct": 0.13}, {"group_size": 5}])
+def test_a_planted_generator_change_fails(change, procgen_statistics):
+    config = dataclasses.replace(fj.CONFIGS["stock-hard"], **change)
+    p = compare_distributions(procgen_statistics["hard"], level_statistics(jax_levels(config), config))
+    failed = {k: v for k, v in p.items() if v < ALPHA / len(p)}
+    print(f"\nplanted {change}: failing statistics {failed}")
+    assert failed, f"the planted generator change {change} went unnoticed"
