@@ -7,14 +7,15 @@ phi . w on the reward. At test time GPI composes the train-task policies: argmax
 
 The file reads top to bottom as the whole algorithm: arguments (the paper's Fruitbot settings as defaults), the
 network and its Q/GPI heads, replay items, the recurrent unroll, n-step targets and the losses, acting, the jitted
-training program, evaluation, and main. It is msfa_babyai.py with a host env: Fruitbot is stock procgen (C++), and
-the jitted training chunk steps it from inside through `jax.experimental.io_callback` (benchmarks/host_env.py
-measured this against a host loop around a jitted act), so acting, replay insertion, sampling and SGD still run as
-one program per chunk. What differs from BabyAI besides sizes: an episode is a lifetime of up to 4 levels; hitting a
+training program, evaluation, and main. Fruitbot runs in JAX by default (common/fruitbot_jax.py: procgen's game
+rules, proven against procgen state by state, and the original's per-task games, --distribution-mode paper), so
+acting, replay insertion, sampling and SGD run as one jitted program per chunk, as in msfa_babyai.py. With
+--env-backend procgen the stock procgen game (C++, hard or easy) is stepped from inside the jitted chunk through
+`jax.experimental.io_callback` instead (benchmarks/host_env.py). What differs from BabyAI besides sizes: an episode is a lifetime of up to 4 levels; hitting a
 barrier ends it as a termination (learned as a terminal transition, no bootstrap), the per-level timeout is a
 truncation (masked); the Impala torso; importance weights (exponent 0.6); GPI support from a flag. common/ holds
-what is not the algorithm: the environment (common/fruitbot.py, exact per-category cumulants), FARM, GPI, network
-layers and the run directory.
+what is not the algorithm: the environment (common/fruitbot_jax.py; common/fruitbot.py for procgen, exact
+per-category cumulants from its state), FARM, GPI, network layers and the run directory.
 
     python msfa_fruitbot.py --seed 3                 # the paper's Fruitbot settings (replay 70k sequences: ~35 GB)
     python msfa_fruitbot.py --replay-size 10000 --min-replay-size 1000   # fits a 24 GB machine
@@ -39,8 +40,8 @@ import optax
 from jax.experimental import io_callback
 
 from common.farm import FarmCore
-from common.fruitbot import (DISTRIBUTION_MODES, IMAGE_SHAPE, MAX_LEVELS, NUM_ACTIONS, TEST_TASKS, TRAIN_LEVELS,
-                             TRAIN_TASKS, Fruitbot)
+from common import fruitbot_jax
+from common.fruitbot import IMAGE_SHAPE, MAX_LEVELS, NUM_ACTIONS, TEST_TASKS, TRAIN_LEVELS, TRAIN_TASKS, Fruitbot
 from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector, scan_with_weight_grad_after
 from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_config_error, format_task,
@@ -101,11 +102,18 @@ class Args:
     """speed only: the module LSTMs' weight gradient is formed after the backward loop, as one matmul over every
     step of the batch, instead of summed step by step inside it (common.networks.scan_with_weight_grad_after); same
     gradient; off by default: 8-15% slower on a CPU (benchmarks/sgd_variants.py)"""
-    distribution_mode: str = "hard"
-    """procgen's mode: hard shows all 12 object types (the 4 categories of 3); easy, the original's setting, only 4
-    (fruit and food themes 0-1, so categories 2 and 4 never appear)"""
+    distribution_mode: str = "paper"
+    """the game: "paper" (the original's per-task games: easy mode, levels 90 tall, each task its own object lists,
+    no completion bonus; JAX only), or stock procgen's "hard" (all 12 object types, doors) or "easy" (4 types)"""
+    env_backend: str = "jax"
+    """"jax": the game in JAX inside the jitted program (common/fruitbot_jax.py); "procgen": stock procgen on the
+    host through io_callback (hard or easy only)"""
     train_levels: int = TRAIN_LEVELS
-    """training levels come from level seeds 0..train_levels-1 (0: unrestricted); evaluation is unrestricted"""
+    """training levels: procgen's level seeds 0..train_levels-1, or with JAX a pool of that many levels per task
+    drawn once from key 0 (the same for every seed, as procgen's); 0: a fresh level every time"""
+    eval_levels: int = 1_000
+    """JAX: evaluation levels per task, a pool drawn from another key than the training levels (0: a fresh level
+    every time, slower); procgen evaluates on unrestricted levels"""
     max_levels: int = MAX_LEVELS
     """levels per episode (lifetime): completing the last one ends the episode"""
     gpi_support: str = "train"
@@ -190,6 +198,12 @@ def check_args(args: Args) -> None:
     require_non_negative(args, "train_levels")
     require(args.distribution_mode in DISTRIBUTION_MODES,
             f"--distribution-mode must be one of {', '.join(DISTRIBUTION_MODES)}, got {args.distribution_mode!r}")
+    require(args.env_backend in ENV_BACKENDS,
+            f"--env-backend must be one of {', '.join(ENV_BACKENDS)}, got {args.env_backend!r}")
+    require(args.env_backend == "jax" or args.distribution_mode != "paper",
+            "--distribution-mode paper (the original's per-task games) runs only with --env-backend jax; procgen "
+            "plays stock hard or easy")
+    require_non_negative(args, "eval_levels")
     require(args.gpi_support in GPI_SUPPORTS,
             f"--gpi-support must be one of {', '.join(GPI_SUPPORTS)}, got {args.gpi_support!r}")
     require(TRAIN_TASKS.shape[1] % args.num_modules == 0,
@@ -228,6 +242,9 @@ def check_memory(args: Args) -> None:
 
 
 GPI_SUPPORTS = ("train", "test")
+DISTRIBUTION_MODES = ("paper", "hard", "easy")
+ENV_BACKENDS = ("jax", "procgen")
+JAX_GAMES = {"paper": "paper", "hard": "stock-hard", "easy": "stock-easy"}  # --distribution-mode -> fruitbot_jax
 
 
 def method_name(args: Args) -> str:
@@ -537,7 +554,8 @@ def batch_loss(net: MSFANetwork, target_net: MSFANetwork, batch: Sequence, proba
 # =====================================================================================================================
 class Actor(NamedTuple):
     """Per-env acting state (the envs themselves live on the host, in Setup.envs)."""
-    seed_index: jax.Array  # which seed's envs these are (the host callback steps envs[seed_index])
+    seed_index: jax.Array  # which seed's envs these are (the procgen backend's callback steps envs[seed_index])
+    env_state: object  # the JAX envs' states [E] (None with procgen: its games live on the host)
     image: jax.Array
     w: jax.Array
     prev_action: jax.Array
@@ -562,7 +580,9 @@ class TrainState(NamedTuple):
 
 class Setup(NamedTuple):
     """Everything static a run needs, built once from Args."""
-    envs: list  # one common.fruitbot.Fruitbot of num_envs envs per seed, stepped on the host
+    envs: list  # procgen backend: one common.fruitbot.Fruitbot of num_envs envs per seed, stepped on the host
+    env: object  # JAX backend: the fruitbot_jax.FruitbotJax env (None with procgen)
+    env_params: object  # and its params: the training tasks and their level pools
     static: object  # the network's non-array parts (eqx.partition)
     optimizer: optax.GradientTransformation
     buffer: object  # flashbax prioritised item buffer of Sequences
@@ -581,7 +601,11 @@ def make_env(args: Args, num_envs: int, seed: int, tasks=TRAIN_TASKS, num_levels
 
 def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
     """seeds: whose training envs to build (none: a setup for the network, losses and evaluation only)."""
-    envs = [make_env(args, args.num_envs, seed) for seed in (seeds or [])]
+    env = env_params = None
+    if args.env_backend == "jax":
+        env = fruitbot_jax.FruitbotJax(JAX_GAMES[args.distribution_mode], max_levels=args.max_levels)
+        env_params = env.make_params(TRAIN_TASKS, num_levels=args.train_levels, seed=0)
+    envs = [make_env(args, args.num_envs, seed) for seed in (seeds or []) if args.env_backend == "procgen"]
     _, static = eqx.partition(make_network(args, jax.random.PRNGKey(0)), eqx.is_inexact_array)
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm),
                             optax.adam(args.learning_rate, eps=args.adam_eps))
@@ -591,16 +615,22 @@ def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
         device="cpu" if jax.default_backend() == "cpu" else "gpu")
     lo, hi = args.epsilon_exponents
     epsilons = jnp.logspace(lo, hi, args.num_epsilons, base=args.epsilon_base)
-    return Setup(envs, static, optimizer, buffer, epsilons)
+    return Setup(envs, env, env_params, static, optimizer, buffer, epsilons)
 
 
 def fresh_actors(setup: Setup, args: Args, seed_index: int, key) -> Actor:
-    """Every env of one seed at the start of a new episode (at the start of a run, and on resume: the host envs
-    are not in the checkpoint, so a resumed run starts new episodes)."""
-    obs = setup.envs[seed_index].reset()
+    """Every env of one seed at the start of a new episode (at the start of a run, and, with procgen, on resume:
+    the host envs are not in the checkpoint, so a resumed run starts new episodes)."""
     e = args.num_envs
+    key, k_env = jax.random.split(key)
+    env_state = None
+    if setup.env is not None:
+        obs, env_state = jax.vmap(setup.env.reset, (0, None))(jax.random.split(k_env, e), setup.env_params)
+        obs = {"image": obs.image, "w": obs.w}
+    else:
+        obs = setup.envs[seed_index].reset()
     initial = (jnp.zeros((args.num_modules, args.module_size)),) * 2  # FARM's initial (h, c)
-    return Actor(seed_index=jnp.asarray(seed_index, jnp.int32), image=jnp.asarray(obs["image"]),
+    return Actor(seed_index=jnp.asarray(seed_index, jnp.int32), env_state=env_state, image=jnp.asarray(obs["image"]),
                  w=jnp.asarray(obs["w"]), prev_action=jnp.zeros(e, jnp.int32), prev_reward=jnp.zeros(e),
                  first=jnp.ones(e, bool), rnn=jax.tree.map(lambda x: jnp.broadcast_to(x, (e,) + x.shape), initial),
                  epsilon=jax.random.choice(key, setup.epsilons, (e,)), episode_return=jnp.zeros(e),
@@ -637,11 +667,15 @@ def make_sequences(steps: Step, actors: Actor, start_rnn) -> Sequence:
     return Sequence(steps=jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), state=start_rnn)
 
 
-def env_step(setup: Setup, args: Args, seed_index, action):
-    """Step one seed's host envs from inside the jitted program (jax.experimental.io_callback). Under the seed vmap
-    JAX runs the callback once per seed, in turn; the actions of step t+1 depend on its frames, so the calls of one
-    seed stay in order."""
+def env_step(setup: Setup, args: Args, actors: Actor, action, key):
+    """Step one seed's envs: the JAX envs vmapped, or the host's procgen envs from inside the jitted program
+    (jax.experimental.io_callback; under the seed vmap JAX runs the callback once per seed, in turn; the actions of
+    step t+1 depend on its frames, so the calls of one seed stay in order)."""
     e, c = args.num_envs, TRAIN_TASKS.shape[1]
+    if setup.env is not None:
+        obs, env_state, reward, terminated, truncated, info = jax.vmap(setup.env.step, (0, 0, 0, None))(
+            jax.random.split(key, e), actors.env_state, action, setup.env_params)
+        return env_state, (obs.image, obs.w, reward, terminated, truncated, info["phi"])
 
     def host(seed_index, action):
         obs, reward, terminated, truncated, info = setup.envs[int(seed_index)].step(np.asarray(action))
@@ -650,20 +684,20 @@ def env_step(setup: Setup, args: Args, seed_index, action):
     shapes = (jax.ShapeDtypeStruct((e,) + IMAGE_SHAPE, jnp.uint8), jax.ShapeDtypeStruct((e, c), jnp.float32),
               jax.ShapeDtypeStruct((e,), jnp.float32), jax.ShapeDtypeStruct((e,), jnp.bool_),
               jax.ShapeDtypeStruct((e,), jnp.bool_), jax.ShapeDtypeStruct((e, c), jnp.float32))
-    return io_callback(host, shapes, seed_index, action)
+    return None, io_callback(host, shapes, actors.seed_index, action)
 
 
 def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     """One env step in every env: epsilon-greedy on Q = psi . w for the training task w (no GPI)."""
     net = eqx.combine(params, setup.static)
-    k_explore, k_action, k_eps = jax.random.split(key, 3)
+    k_explore, k_action, k_eps, k_env = jax.random.split(key, 4)
     e = args.num_envs
     rnn = reset_where(actors.first, actors.rnn, net.core.initial_state())
     rnn = jax.vmap(partial(core_step, net.core))(actors.image, actors.prev_action, actors.prev_reward, rnn)
     q = jax.vmap(partial(q_values, net))(rnn[0], actors.w)
     explore = jax.random.uniform(k_explore, (e,)) < actors.epsilon
     action = jnp.where(explore, jax.random.randint(k_action, (e,), 0, NUM_ACTIONS), jnp.argmax(q, -1))
-    image, w, reward, terminated, truncated, phi = env_step(setup, args, actors.seed_index, action)
+    env_state, (image, w, reward, terminated, truncated, phi) = env_step(setup, args, actors, action, k_env)
     done = terminated | truncated
     step = current_step(actors)._replace(action=action, reward=reward, phi=phi, terminal=terminated)
     episode_return = actors.episode_return + reward
@@ -671,7 +705,7 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     finished = {"done": done, "return": episode_return, "task": jnp.argmax(actors.w, -1),
                 "length": episode_length}
     actors = actors._replace(
-        image=image, w=w, prev_action=jnp.where(done, 0, action), prev_reward=jnp.where(done, 0.0, reward),
+        env_state=env_state, image=image, w=w, prev_action=jnp.where(done, 0, action), prev_reward=jnp.where(done, 0.0, reward),
         first=done, rnn=rnn, epsilon=jnp.where(done, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),
         episode_return=jnp.where(done, 0.0, episode_return),
         episode_length=jnp.where(done, 0, episode_length))
@@ -750,6 +784,8 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
     network acts for all envs at once (jitted), the envs step on the host."""
     policies = jnp.asarray(TRAIN_TASKS if args.gpi_support == "train" else TEST_TASKS)
     tasks = np.asarray(tasks, np.float32)
+    if setup.env is not None:
+        return make_jax_evaluate(setup, args, tasks, policies)
 
     @partial(jax.jit, static_argnames="use_gpi")
     def act(params, image, w, prev_action, prev_reward, first, rnn, use_gpi: bool):
@@ -784,6 +820,47 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
             env.close()  # the evaluation's own envs (one per task and episode) are not kept
             out.append(returns.reshape(len(tasks), args.eval_episodes))
         return np.stack(out)
+
+    return evaluate
+
+
+def make_jax_evaluate(setup: Setup, args: Args, tasks: np.ndarray, policies):
+    """The JAX backend's evaluate(params, key): every (task, episode) is one env on the evaluation levels, all
+    played greedily in one jitted loop until each has finished one lifetime."""
+    env, e = setup.env, args.eval_episodes
+    eval_params = env.make_params(tasks, num_levels=args.eval_levels, seed=1)  # key 1: not the training levels
+    n = len(tasks) * e
+    task_of_env = jnp.repeat(jnp.arange(len(tasks)), e)
+    max_steps = args.max_levels * fruitbot_jax.TIMEOUT
+
+    @partial(jax.jit, static_argnames="use_gpi")
+    def play(params, key, use_gpi: bool):
+        net = eqx.combine(params, setup.static)
+        k_reset, key = jax.random.split(key)
+        obs, env_state = jax.vmap(env.reset_to, (0, 0, None))(jax.random.split(k_reset, n), task_of_env, eval_params)
+        rnn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), net.core.initial_state())
+
+        def body(carry):
+            t, key, obs, env_state, rnn, prev_action, prev_reward, returns, running = carry
+            key, k_step = jax.random.split(key)
+            rnn = jax.vmap(partial(core_step, net.core))(obs.image, prev_action, prev_reward, rnn)
+            if use_gpi:
+                q = jax.vmap(lambda h, w: gpi_q_values(net, h, w, policies))(rnn[0], obs.w)
+            else:
+                q = jax.vmap(partial(q_values, net))(rnn[0], obs.w)
+            action = jnp.argmax(q, -1)
+            obs, env_state, reward, terminated, truncated, _ = jax.vmap(env.step, (0, 0, 0, None))(
+                jax.random.split(k_step, n), env_state, action, eval_params)
+            returns = returns + jnp.where(running, reward, 0.0)
+            running = running & ~(terminated | truncated)
+            return t + 1, key, obs, env_state, rnn, action, reward, returns, running
+
+        carry = (0, key, obs, env_state, rnn, jnp.zeros(n, jnp.int32), jnp.zeros(n), jnp.zeros(n), jnp.ones(n, bool))
+        carry = jax.lax.while_loop(lambda c: c[-1].any() & (c[0] < max_steps), body, carry)
+        return carry[-2].reshape(len(tasks), e)
+
+    def evaluate(params, key):
+        return np.stack([np.asarray(play(params, key, use_gpi=g == 1)) for g in GPI_SETTINGS])
 
     return evaluate
 
@@ -831,7 +908,8 @@ def main(args: Args) -> None:
           f"{replay_bytes(args) / 2**30:.1f} GiB per seed", flush=True)
     if args.resume:
         state, _ = run.restore(state)
-        state = state._replace(actors=actors)  # the host envs start new episodes (they are not in the checkpoint)
+        if args.env_backend == "procgen":  # the host envs start new episodes (they are not in the checkpoint)
+            state = state._replace(actors=actors)
     run.write_config({"method": method_name(args), "num_params": num_params,
                       "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
     chunk_iterations = max(1, args.log_every // per_iteration)

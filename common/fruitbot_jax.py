@@ -350,7 +350,7 @@ def task_games(config: GameConfig, tasks) -> TaskGames:
     for t, task in enumerate(tasks):
         for g, group in enumerate(config.groups(task)):
             kind[t, g], base[t, g] = group.kind, group.base
-            sprites[t, g, :len(group.sprites)] = group.sprites
+            sprites[t, g, :min(6, len(group.sprites))] = group.sprites[:6]  # themes are randn(group_size <= 6)
             # only the first group_size sprites ever appear, so each sprite has one kind within a game
             for s in group.sprites[:config.group_size]:
                 rewards[t, s - frame.FRUIT] = group.reward
@@ -593,6 +593,12 @@ class FruitbotJax(environment.Environment):
                          levels=jnp.zeros((), jnp.int32), time=jnp.zeros((), jnp.int32))
         return self.observe(state, params), state
 
+    def reset_to(self, key, task, params: EnvParams):
+        """reset_env with the task given (params.tasks[task]) instead of drawn: evaluation pins one per env."""
+        state = EnvState(game=self.new_level(key, task, params), task=jnp.asarray(task, jnp.int32),
+                         levels=jnp.zeros((), jnp.int32), time=jnp.zeros((), jnp.int32))
+        return self.observe(state, params), state
+
     def reset(self, key, params: EnvParams | None = None):
         return self.reset_env(key, self.default_params if params is None else params)
 
@@ -620,3 +626,98 @@ class FruitbotJax(environment.Environment):
         info = {"phi": phi, "stock_reward": events.stock_reward, "level_complete": events.level_complete,
                 "levels": levels, "died": died, "timed_out": events.timed_out, "final_image": final_image, "w": w}
         return self.observe(state, params), state, (phi * w).sum(), terminated, truncated, info
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reference play: random, and a scripted gap-seeker that completes levels without choosing objects
+# ---------------------------------------------------------------------------------------------------------------------
+LEFT, STRAIGHT, RIGHT, FIRE = 0, 3, 6, 9  # actions 0-8 steer by (a // 3) - 1; 9 fires a key
+
+
+def gap_seeking_action(game: Game, config: GameConfig) -> jax.Array:
+    """Steer towards the gap of the next barrier row ahead; where a locked door closes it, line up under its lock
+    and fire (common.fruitbot.gap_seeking_action's rule, on the JAX state). Task-agnostic."""
+    lay = layout(config)
+    rows = lay.walls + 4 * jnp.arange(config.num_walls)
+    ax, ay = game.x[0], game.y[0]
+    ahead = game.y[rows] + game.ry[rows] + AGENT_R > ay
+    r = rows[jnp.argmin(jnp.where(ahead, game.y[rows], jnp.inf))]
+    margin = AGENT_R + 0.15
+    lo, hi = game.x[r] + game.rx[r] + margin, game.x[r + 1] - game.rx[r + 1] - margin
+    target = jnp.where(lo <= hi, jnp.clip(ax, lo, hi), (lo + hi) / 2)
+    door = game.alive[r + 2]
+    target = jnp.where(door, game.x[r + 3], target)
+    steer = jnp.where(jnp.abs(target - ax) < 0.1, STRAIGHT, jnp.where(target > ax, RIGHT, LEFT))
+    action = jnp.where(door & (jnp.abs(target - ax) < 0.2), FIRE, steer)
+    return jnp.where(ahead.any(), action, STRAIGHT)
+
+
+def policy_returns(policy: str, config: str = "paper", tasks=TRAIN_TASKS, num_episodes: int = 100, seed: int = 0,
+                   num_levels: int = 200):
+    """Per task: mean and standard error of the lifetime return of "random" or "scripted" play, and the mean
+    levels completed, on the training levels (num_levels, drawn as the scripts draw them: key 0) or fresh ones
+    (num_levels 0)."""
+    require(policy in ("random", "scripted"), f"policy must be random or scripted, got {policy!r}")
+    require(num_episodes >= 2, f"num_episodes must be at least 2 to give a standard error, got {num_episodes}")
+    env = FruitbotJax(config)
+    tasks = np.asarray(tasks, np.float32)
+    params = env.make_params(tasks, num_levels=num_levels, seed=0)
+    n = len(tasks) * num_episodes
+    task_of_env = jnp.repeat(jnp.arange(len(tasks)), num_episodes)
+
+    @jax.jit
+    def play(key):
+        k_reset, key = jax.random.split(key)
+        _, state = jax.vmap(env.reset_to, (0, 0, None))(jax.random.split(k_reset, n), task_of_env, params)
+
+        def body(carry):
+            t, key, state, returns, levels, running = carry
+            key, k_act, k_step = jax.random.split(key, 3)
+            if policy == "random":
+                action = jax.random.randint(k_act, (n,), 0, NUM_ACTIONS)
+            else:
+                action = jax.vmap(lambda g: gap_seeking_action(g, env.config))(state.game)
+            _, state, reward, terminated, truncated, info = jax.vmap(env.step, (0, 0, 0, None))(
+                jax.random.split(k_step, n), state, action, params)
+            returns += jnp.where(running, reward, 0.0)
+            levels = jnp.where(running, info["levels"], levels)
+            return t + 1, key, state, returns, levels, running & ~(terminated | truncated)
+
+        carry = (0, key, state, jnp.zeros(n), jnp.zeros(n, jnp.int32), jnp.ones(n, bool))
+        carry = jax.lax.while_loop(lambda c: c[-1].any() & (c[0] < env.max_levels * TIMEOUT), body, carry)
+        return carry[3], carry[4]
+
+    returns, levels = (np.asarray(x) for x in play(jax.random.PRNGKey(seed)))
+    returns = returns.reshape(len(tasks), num_episodes)
+    return returns.mean(1), returns.std(1, ddof=1) / np.sqrt(num_episodes), levels.mean()
+
+
+def _print_reference_table(config: str = "paper", episodes: int = 100, seed: int = 0, num_levels: int = 200):
+    from common.run import format_task
+
+    print(f"| split | task | random | scripted gap-seeker |  ({episodes} lifetimes of up to {MAX_LEVELS} levels, "
+          f"{config}, {'fresh levels' if num_levels == 0 else f'{num_levels} training levels'}, seed {seed})")
+    print("|---|---|---:|---:|")
+    for split, tasks in (("train", TRAIN_TASKS), ("test", TEST_TASKS)):
+        results = [policy_returns(p, config, tasks, episodes, seed, num_levels) for p in ("random", "scripted")]
+        for i, w in enumerate(tasks):
+            print(f"| {split} | {format_task(w)} | "
+                  + " | ".join(f"{mean[i]:.3f} ± {se[i]:.3f}" for mean, se, _ in results) + " |")
+        print(f"| {split} | mean | " + " | ".join(f"{mean.mean():.3f} ± {np.sqrt((se ** 2).sum()) / len(se):.3f}"
+                                                  for mean, se, _ in results) + " |")
+        print(f"levels completed per lifetime ({split}): random {results[0][2]:.2f}, scripted {results[1][2]:.2f}")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    from common.run import exit_on_config_error
+
+    parser = argparse.ArgumentParser(description="reference returns of random and scripted play in JAX Fruitbot")
+    parser.add_argument("--config", default="paper", choices=sorted(CONFIGS))
+    parser.add_argument("--episodes", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-levels", type=int, default=200,
+                        help="200: the training levels (per task, key 0, as the scripts); 0: fresh levels")
+    cli = parser.parse_args()
+    exit_on_config_error(_print_reference_table)(cli.config, cli.episodes, cli.seed, cli.num_levels)

@@ -1,5 +1,5 @@
 """msfa_fruitbot.py: paper sizes, terminations vs truncations in the targets, the terminal transition's cumulant,
-GPI support, bad input, and tiny end-to-end runs through the host env (io_callback)."""
+GPI support, bad input, and tiny end-to-end runs with the JAX game and through the procgen host env (io_callback)."""
 
 import csv
 
@@ -104,7 +104,10 @@ def test_gpi_support_flag_picks_the_policies(monkeypatch):
 
 @pytest.mark.parametrize("overrides, message", [
     (dict(gpi_support="all"), "--gpi-support must be one of train, test"),
-    (dict(distribution_mode="medium"), "--distribution-mode must be one of hard, easy"),
+    (dict(distribution_mode="medium"), "--distribution-mode must be one of paper, hard, easy"),
+    (dict(env_backend="gym"), "--env-backend must be one of jax, procgen"),
+    (dict(env_backend="procgen"), "--distribution-mode paper (the original's per-task games) runs only with"),
+    (dict(eval_levels=-1), "--eval-levels must not be negative"),
     (dict(max_levels=0), "--max-levels must be positive"),
     (dict(train_levels=-1), "--train-levels must not be negative"),
     (dict(replay_size=10_000_000, min_replay_size=100), "GiB, more than this machine"),
@@ -118,11 +121,18 @@ def test_bad_input_gets_one_line(overrides, message, capsys, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_tiny_run_end_to_end(tmp_path, capsys):
-    """Acting through the host env inside the jitted chunk, learning, evaluation on every task with and without
-    GPI, two seeds, and the run directory's files."""
+# the JAX game's level pools are kept small (8 training levels per task, 4 evaluation levels): quick to generate
+BACKENDS = {"jax": dict(eval_levels=4, train_levels=8), "procgen": dict(env_backend="procgen", distribution_mode="hard")}
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_tiny_run_end_to_end(backend, tmp_path, capsys):
+    """Acting through the env inside the jitted chunk (the JAX paper game, or procgen through io_callback),
+    learning, evaluation on every task with and without GPI, two seeds, and the run directory's files."""
     run = tmp_path / "run"
-    script.main(script.Args(**TINY | dict(total_timesteps=96, log_every=32, eval_every=64, num_seeds=2,
+    tiny = TINY | BACKENDS[backend]
+    first = 320  # 80 steps per env: the paper game's first barrier row is up to 30 rows up
+    script.main(script.Args(**tiny | dict(total_timesteps=first, log_every=32, eval_every=first - 32, num_seeds=2,
                                           run_dir=str(run))))
     out = capsys.readouterr().out
     assert "parameters (paper: 1.66M)" in out  # the tiny network's count, printed next to the paper's
@@ -136,9 +146,9 @@ def test_tiny_run_end_to_end(tmp_path, capsys):
     assert ended and all(1 <= float(r["episode_length"]) <= int(r["step"]) / TINY["num_envs"] for r in ended)
     assert (run / "params_seed1.eqx").exists() and (run / "checkpoint.eqx").exists()
     # resume: finishes the run from the checkpoint (the host envs start new episodes)
-    script.main(script.Args(**TINY | dict(total_timesteps=128, log_every=32, eval_every=64, num_seeds=2,
-                                          run_dir=str(run), resume=True)))
+    script.main(script.Args(**tiny | dict(total_timesteps=first + 32, log_every=32, eval_every=first - 32,
+                                          num_seeds=2, run_dir=str(run), resume=True)))
     assert "resumed" in capsys.readouterr().out
-    assert int(list(csv.DictReader(open(run / "metrics.csv")))[-1]["step"]) == 128
-    again, ran = replayed_evaluation(run, 128, tmp_path)  # results/evaluate.py on the saved agents
+    assert int(list(csv.DictReader(open(run / "metrics.csv")))[-1]["step"]) == first + 32
+    again, ran = replayed_evaluation(run, first + 32, tmp_path)  # results/evaluate.py on the saved agents
     assert again == ran and len(ran) == 2 * 2 * (len(TRAIN_TASKS) + len(TEST_TASKS))
