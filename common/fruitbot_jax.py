@@ -36,6 +36,7 @@ next states are compared entity by entity.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 from typing import NamedTuple
 
@@ -87,7 +88,7 @@ class ObjectGroup(NamedTuple):
     reward: float  # the game's own reward for collecting one (stock_reward)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: a static argument of jitted functions
 class GameConfig:
     name: str
     main_width: int
@@ -525,6 +526,15 @@ class Observation(NamedTuple):
     w: jax.Array  # float32 [4]
 
 
+@functools.lru_cache(maxsize=None)
+def _level_pool(config: GameConfig):
+    """jitted (keys [L], games of T tasks) -> levels [T, L]: task t's level l from key l (compiled once a config)."""
+    def pool(keys, games):
+        tasks = jnp.arange(games.base.shape[0])
+        return jax.vmap(jax.vmap(lambda k, t: generate_level(k, config, games, t), (0, None)), (None, 0))(keys, tasks)
+    return jax.jit(pool)
+
+
 class FruitbotJax(environment.Environment):
     """Fruitbot lifetimes in JAX. step -> (obs, state, reward, terminated, truncated, info); info: phi [4],
     stock_reward, level_complete, levels (completed in the episode, counting this step), died, timed_out,
@@ -547,9 +557,7 @@ class FruitbotJax(environment.Environment):
         require(num_levels >= 0, f"num_levels must be non-negative (0: unrestricted), got {num_levels}")
         games = task_games(self.config, tasks)
         keys = jax.random.split(jax.random.PRNGKey(seed), max(num_levels, 1))
-        make = jax.jit(jax.vmap(jax.vmap(lambda k, t: generate_level(k, self.config, games, t), (0, None)),
-                                (None, 0)))
-        pool = make(keys, jnp.arange(len(tasks)))
+        pool = _level_pool(self.config)(keys, games)
         if num_levels == 0:
             pool = jax.tree.map(lambda a: a[:, :0], pool)
         return EnvParams(tasks=jnp.asarray(tasks), games=games, pool=pool)

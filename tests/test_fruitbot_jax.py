@@ -288,3 +288,111 @@ def test_a_planted_generator_change_fails(change, procgen_statistics):
     failed = {k: v for k, v in p.items() if v < ALPHA / len(p)}
     print(f"\nplanted {change}: failing statistics {failed}")
     assert failed, f"the planted generator change {change} went unnoticed"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The environment: the paper's games, lifetimes, level pools, bad input
+# ---------------------------------------------------------------------------------------------------------------------
+def _play(env, params, steps: int, key, policy="mixed"):
+    """Random / gap-seeking play of 64 envs over all of params' tasks; the per-step outputs [steps, 64]."""
+    n = 64
+
+    @jax.jit
+    def run(key):
+        _, state = jax.vmap(env.reset_to, (0, 0, None))(
+            jax.random.split(key, n), jnp.arange(n) % params.tasks.shape[0], params)
+
+        def step(state, key):
+            k_act, k_mix, k_env = jax.random.split(key, 3)
+            scripted = jax.vmap(lambda g: fj.gap_seeking_action(g, env.config))(state.game)
+            random = jax.random.randint(k_act, (n,), 0, fj.NUM_ACTIONS)
+            action = jnp.where(jax.random.uniform(k_mix, (n,)) < 0.7, scripted, random)
+            _, new, reward, terminated, truncated, info = jax.vmap(env.step, (0, 0, 0, None))(
+                jax.random.split(k_env, n), state, action, params)
+            return new, (reward, terminated, truncated, info, state.task, state.levels)
+
+        return jax.lax.scan(step, state, jax.random.split(key, steps))[1]
+
+    return jax.tree.map(np.asarray, run(key))
+
+
+def test_the_papers_games_pay_w_dot_phi_and_show_their_categories():
+    """In the paper configuration the original's games' own rewards (good +1, bad the task's penalty, neutral 0, no
+    completion bonus) equal w . phi at every step, and each task's levels hold only the categories its game
+    spawns (a train task: its own and one distractor category)."""
+    env = fj.FruitbotJax("paper")
+    tasks = np.concatenate([fj.TRAIN_TASKS, fj.TEST_TASKS])
+    params = env.make_params(tasks, num_levels=20)
+    reward, terminated, truncated, info, task, levels = _play(env, params, 1500, jax.random.PRNGKey(0))
+    np.testing.assert_allclose(info["stock_reward"], reward, atol=1e-6)
+    np.testing.assert_allclose(reward, (info["phi"] * info["w"]).sum(-1), atol=1e-6)
+    assert info["level_complete"].sum() > 20 and terminated.sum() > 20  # levels end both ways
+    shown = {(1, 0, 0, 0): {0, 1}, (0, 1, 0, 0): {0, 1}, (0, 0, 1, 0): {0, 2}, (0, 0, 0, 1): {0, 3},
+             (1, 1, 1, 1): {0, 2}, (1, -1, -1, -1): {0, 1}, (1, 0, -1, -1): {0, 1, 2}, (1, 0, 1, 1): {0, 1, 2},
+             (1, 0, 0, -1): {0, 1, 3}, (1, 0, 0, 1): {0, 1, 3}}
+    pool = jax.tree.map(np.asarray, params.pool)
+    for t, w in enumerate(tasks):
+        objects = pool.alive[t] & np.isin(pool.kind[t], (fj.GOOD, fj.BAD, fj.NEUTRAL))
+        categories = set(fj.TYPE_CATEGORY[pool.sprite[t][objects] - fj.frame.FRUIT].tolist())
+        assert categories == shown[tuple(int(v) for v in w)], (w, categories)
+    collected = info["phi"].sum((0, 1))
+    assert (collected > 0).all()  # every category gets collected somewhere
+
+
+def _edited(state: fj.EnvState, **game_fields) -> fj.EnvState:
+    return state.replace(game=state.game._replace(**game_fields))
+
+
+def test_a_lifetime_is_four_levels_and_ends_by_termination_or_truncation():
+    env = fj.FruitbotJax("paper")
+    params = env.make_params(fj.TRAIN_TASKS, num_levels=4)
+    step = jax.jit(lambda k, s, a: env.step(k, s, a, params))
+    _, state = env.reset_to(jax.random.PRNGKey(0), 2, params)
+    top = float(env.config.main_height - 1.41)  # the agent's box reaches the presents on its next step
+    for level in range(1, 5):
+        state = _edited(state, y=state.game.y.at[0].set(top))
+        obs, state, reward, terminated, truncated, info = step(jax.random.PRNGKey(level), state, 4)
+        assert bool(info["level_complete"]) and int(info["levels"]) == level and not bool(truncated)
+        assert bool(terminated) == (level == 4) and float(info["stock_reward"]) == 0.0  # no completion bonus
+        assert int(state.levels) == (level % 4) and int(state.game.cur_time) == 0  # a fresh level
+        if level < 4:
+            assert int(state.task) == 2  # the episode goes on with its task
+    # death: the agent on a barrier
+    lay = fj.layout(env.config)
+    barrier = lay.walls
+    state = _edited(state, x=state.game.x.at[0].set(state.game.x[barrier]), y=state.game.y.at[0].set(
+        state.game.y[barrier] - 0.5))
+    _, state, _, terminated, truncated, info = step(jax.random.PRNGKey(9), state, 4)
+    assert bool(terminated) and bool(info["died"]) and not bool(truncated)
+    # the level clock runs out: truncation
+    state = _edited(state, cur_time=jnp.asarray(fj.TIMEOUT - 1, jnp.int32))
+    _, state, _, terminated, truncated, info = step(jax.random.PRNGKey(10), state, 4)
+    assert bool(truncated) and bool(info["timed_out"]) and not bool(terminated) and int(state.game.cur_time) == 0
+
+
+def test_levels_come_from_the_pool_and_fresh_levels_differ():
+    env = fj.FruitbotJax("stock-easy")
+    params = env.make_params(fj.TRAIN_TASKS, num_levels=3, seed=0)
+    again = env.make_params(fj.TRAIN_TASKS, num_levels=3, seed=0)
+    np.testing.assert_array_equal(params.pool.x, again.pool.x)  # the same levels for every run, as procgen's seeds
+    starts = jax.vmap(lambda k: env.reset(k, params)[1])(jax.random.split(jax.random.PRNGKey(1), 64))
+    xs = {tuple(np.asarray(x).round(5)) for x in np.asarray(starts.game.x[:, 1:])}
+    # 3 levels: a stock game is the same for every task, and each task's pool is drawn from the same keys (as procgen's
+    # level seeds are the same whatever the task; in the paper's games the keys then give the same barrier rows)
+    assert len(xs) == 3
+    fresh = env.make_params(fj.TRAIN_TASKS, num_levels=0)
+    starts = jax.vmap(lambda k: env.reset(k, fresh)[1])(jax.random.split(jax.random.PRNGKey(1), 64))
+    assert len({tuple(np.asarray(x).round(5)) for x in np.asarray(starts.game.x[:, 1:])}) == 64
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: fj.FruitbotJax("medium"), "Fruitbot config must be one of"),
+    (lambda: fj.FruitbotJax("paper").make_params([[0.5, 0, 0, 0]]), "has no game for task [0.5, 0.0, 0.0, 0.0]"),
+    (lambda: fj.FruitbotJax("paper").make_params([[1, 0, 0]]), "Fruitbot tasks must be an [n, 4] array"),
+])
+def test_bad_input_gets_one_line(call, message):
+    from common.run import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        call()
+    assert message in str(error.value) and "\n" not in str(error.value)
