@@ -20,6 +20,7 @@ import functools
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,6 +79,10 @@ class Interrupted(StopRun):
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.code = 128 + signum
+
+
+class SaveFailed(StopRun):
+    """A checkpoint or parameter file could not be written (no space, no permission, an I/O error)."""
 
 
 def require(condition: bool, message: str) -> None:
@@ -209,8 +214,12 @@ class CsvLog:
                 csv.writer(f).writerow(fields)
 
     def write(self, rows: list[dict]):
-        with self.path.open("a", newline="") as f:
-            csv.DictWriter(f, self.fields, extrasaction="ignore").writerows(rows)
+        try:
+            with self.path.open("a", newline="") as f:
+                csv.DictWriter(f, self.fields, extrasaction="ignore").writerows(rows)
+        except OSError as error:
+            raise SaveFailed(f"could not append to {self.path}: {error.strerror or error}; the rows up to the last "
+                             "checkpoint are kept (a resume logs the rest again)") from None
 
 
 def drop_rows_after(path: Path, step: int) -> None:
@@ -226,13 +235,45 @@ def drop_rows_after(path: Path, step: int) -> None:
             csv.writer(f).writerows(kept)
 
 
-def save_checkpoint(path: Path, state, meta: dict) -> None:
-    """One JSON header line, then every leaf of the train state (replay included), written atomically."""
+def _os_error(error: BaseException) -> OSError | None:
+    """The OSError behind an exception (equinox wraps the file's errors in its own), or None."""
+    while error is not None:
+        if isinstance(error, OSError):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _size(num_bytes: float) -> str:
+    return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
+
+
+def save_checkpoint(path: Path, state, meta: dict, resume_hint: str = "") -> None:
+    """One JSON header line, then every leaf of the train state (replay included), written atomically: into
+    <path>.tmp, renamed over <path> once complete. A write that fails (a full disk, no permission, an I/O error)
+    removes the partial file, leaves the previous <path> as it was, and stops with one line (SaveFailed) naming
+    the file, the reason, the space needed against the space free, and what to do."""
     tmp = path.with_suffix(".tmp")
-    with tmp.open("wb") as f:
-        f.write((json.dumps(meta) + "\n").encode())
-        eqx.tree_serialise_leaves(f, state)
-    os.replace(tmp, path)
+    try:
+        with tmp.open("wb") as f:
+            f.write((json.dumps(meta) + "\n").encode())
+            eqx.tree_serialise_leaves(f, state)
+        os.replace(tmp, path)
+    except Exception as error:
+        cause = _os_error(error)
+        if cause is None:
+            raise
+        tmp.unlink(missing_ok=True)
+        need = _size(sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(state)))
+        try:
+            free = f"{_size(shutil.disk_usage(path.parent).free)} free"
+        except OSError:
+            free = "free space unknown"
+        kept = read_checkpoint_header(path) if path.exists() else None
+        last = (f"the last good {path.name} (step {kept['step']:,}) is kept" if kept else f"no earlier {path.name} "
+                "exists")
+        raise SaveFailed(f"could not write {path}: {cause.strerror or cause} (it needs {need}, {free}); {last}; "
+                         f"{resume_hint or 'free space and run again'}") from None
 
 
 def read_checkpoint_header(path: Path) -> dict | None:
@@ -364,7 +405,8 @@ class RunDir:
         """Write the checkpoint (once per step: a stop right after an evaluation does not write it twice; never with
         --no-checkpoint)."""
         if self.args.checkpoint and step != self.saved_step:
-            save_checkpoint(self.checkpoint, state, {"step": step, "seeds": seeds, "method": self.method})
+            save_checkpoint(self.checkpoint, state, {"step": step, "seeds": seeds, "method": self.method},
+                            f"free space, then resume with: {self.resume_command()}")
             self.saved_step, self.last_save = step, time.monotonic()
 
     def save_params(self, params, step: int, seeds: list[int]) -> None:
@@ -374,7 +416,7 @@ class RunDir:
         header = {"step": step, "method": self.method, "args": dataclasses.asdict(self.args)}
         for i, seed in enumerate(seeds):
             save_checkpoint(self.path / f"params_seed{seed}.eqx", jax.tree.map(lambda x: x[i], params),
-                            header | {"seed": seed})
+                            header | {"seed": seed}, f"free space, then resume with: {self.resume_command()}")
 
     def out_of_time(self) -> bool:
         """Whether --max-minutes of wall time have passed since the run started (compilation included)."""
@@ -391,6 +433,24 @@ class RunDir:
         return RunLogs(self, metric_fields)
 
 
+def _quiet_writer_threads() -> None:
+    """TensorBoard writes its event file from a thread; on a full disk that thread would print a traceback of its
+    own beside the run's one line. Its OSErrors are dropped (the next checkpoint or CSV write reports the disk);
+    every other thread error is shown as before."""
+    import threading
+
+    if getattr(threading.excepthook, "quiet_os_errors", False):
+        return
+    previous = threading.excepthook
+
+    def hook(args):
+        if not issubclass(args.exc_type, OSError):
+            previous(args)
+
+    hook.quiet_os_errors = True
+    threading.excepthook = hook
+
+
 class RunLogs:
     """metrics.csv, eval.csv and TensorBoard (and wandb with --track), per seed."""
 
@@ -400,6 +460,7 @@ class RunLogs:
         self.metrics = CsvLog(run.path / "metrics.csv", metric_fields)
         self.evals = CsvLog(run.path / "eval.csv", EVAL_FIELDS)
         self.writer = SummaryWriter(str(run.path))
+        _quiet_writer_threads()
         args = run.args
         if args.track:
             import wandb
@@ -423,7 +484,10 @@ class RunLogs:
         self.evals.write(rows)
 
     def close(self) -> None:
-        self.writer.close()
+        try:
+            self.writer.close()
+        except OSError:  # a full disk: the one line comes from the write that failed first
+            pass
 
     def __enter__(self):
         return self
