@@ -46,6 +46,8 @@ class Args:
     repeats: int = 5
     """timed repetitions; the median is reported"""
     seed: int = 0
+    training_share: bool = True
+    """Fruitbot: also time msfa_fruitbot.py's training iteration against the same env steps alone"""
 
 
 def jax_steps_per_second(mode: str, num_envs: int, steps: int, repeats: int, seed: int, devices: int = 1) -> float:
@@ -173,6 +175,8 @@ def fruitbot_rows(args: Args) -> None:
             steps = min(max(args.env_steps // b, 100), 2000)
             sps = jax_steps_per_second(f"fruitbot-{config}", b, steps, args.repeats, args.seed)
             print(f"| JAX {config}, jit + vmap | {b} | {sps:,.0f} | {sps / raw:.2f} |", flush=True)
+    if not args.training_share:
+        return
     iteration, env_alone = training_share(32, args.repeats)
     print(f"\nmsfa_fruitbot.py training iteration (32 envs x 40 steps, 24 SGD steps of batch 8, paper network): "
           f"{iteration * 1e3:,.0f} ms; the same 1,280 env steps alone: {env_alone * 1e3:,.1f} ms "

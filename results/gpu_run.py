@@ -134,6 +134,9 @@ class Args:
     """kept back after the runs for results.analyze of their saved agents (default 60 for babyai; 0: no analysis)"""
     analysis_episodes: int = 40
     """greedy episodes per task and seed of that analysis (the paper's Table A: 40)"""
+    env_benchmark_seconds: float | None = None
+    """spent first on benchmarks/env_throughput.py for the env (default 90 for fruitbot: the JAX game at 32, 256
+    and 4,096 envs against raw procgen; 0 elsewhere); its table goes into summary.json"""
 
 
 def seeds_that_fit(replay_bytes_per_seed: int, concurrency: int, bytes_limit: int) -> int:
@@ -194,6 +197,30 @@ def last_step(run_dir: Path) -> int:
         return 0
     lines = metrics.read_text().splitlines()
     return int(lines[-1].split(",")[0]) if len(lines) > 1 else 0
+
+
+ENV_BENCHMARK_SECONDS = {"fruitbot": 90.0}
+
+
+def env_benchmark(args: Args) -> str:
+    """benchmarks/env_throughput.py's table for the env on this device (for Fruitbot: the JAX game, frames
+    included, at 32, 256 and 4,096 envs against raw procgen), within --env-benchmark-seconds; "" when none."""
+    seconds = args.env_benchmark_seconds
+    if seconds is None:
+        seconds = ENV_BENCHMARK_SECONDS.get(args.env, 0.0)
+    if seconds <= 0:
+        return ""
+    command = [sys.executable, "-m", "benchmarks.env_throughput", "--env", args.env, "--batch-sizes", "32", "256",
+               "4096", "--repeats", "3", "--no-training-share"]
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=seconds)
+        text = done.stdout + (f"\n(exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]})"
+                              if done.returncode else "")
+    except subprocess.TimeoutExpired as timeout:
+        text = (timeout.stdout.decode() if isinstance(timeout.stdout, bytes) else timeout.stdout or "") + \
+            f"\n(stopped after {seconds:.0f} s)"
+    print(f"[gpu_run] env throughput:\n{text}", flush=True)
+    return text
 
 
 def pack(work: Path, out: Path, started: list[str], summary: dict) -> None:
@@ -317,6 +344,7 @@ def main(args: Args) -> None:
     require(not any(out.iterdir()), f"{out} is not empty; pass an empty or new OUT_DIR")
     work.mkdir(parents=True, exist_ok=True)
     deadline = start + args.budget_seconds - args.reserve_seconds - args.analysis_seconds  # for training
+    env_throughput = env_benchmark(args)
 
     import jax
 
@@ -364,7 +392,7 @@ def main(args: Args) -> None:
             summary[name]["analysis"] = outcome[name]
     settings = {"device": device, "env": args.env, "budget_seconds": args.budget_seconds,
                 "num_seeds": args.num_seeds, "concurrency": args.concurrency, **memory, "extra_flags": args.extra,
-                "xla_flags": os.environ.get("XLA_FLAGS", "")}
+                "xla_flags": os.environ.get("XLA_FLAGS", ""), "env_throughput": env_throughput}
     for name in started:  # each method's folder names its device and how far it got
         (work / name).mkdir(parents=True, exist_ok=True)
         (work / name / "run_summary.json").write_text(json.dumps({"method": name, **settings, **summary[name]},

@@ -29,9 +29,12 @@ def test_host_env_commands_run_one_method_at_a_time_and_keep_time_for_the_final_
     memory on a CPU to decide the seeds, and the two runs' files packed."""
     fake = "tests/fake_training_run.py"
     monkeypatch.setitem(gpu_run.METHODS, env, {"msfa": f"{fake} --sleep 2", "usfa": f"{fake} --sleep 0"})
+    # the env benchmark (Fruitbot's first 90 s on a GPU) stands in as its table
+    monkeypatch.setattr(gpu_run, "env_benchmark", lambda args: f"table of {args.env}")
     out, work = tmp_path / "out", tmp_path / "work"
     gpu_run.main(gpu_run.Args(300, str(out), env=env, num_seeds=1, work_dir=str(work), min_run_seconds=30))
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["env_throughput"] == f"table of {env}"
     assert summary["env"] == env and summary["num_seeds"] == 1 and summary["concurrency"] == 1
     assert "device_bytes_limit" not in summary  # a CPU: no device memory decides the seeds
     assert [m for m in ("msfa", "usfa") if m in summary] == ["msfa", "usfa"] and summary["not_started"] == []
