@@ -54,8 +54,8 @@ from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_c
 # =====================================================================================================================
 @dataclass
 class Args:
-    exp_name: str = "msfa_fruitbot"
-    """name of the experiment (prefix of the default run directory)"""
+    exp_name: str = os.path.splitext(os.path.basename(__file__))[0]
+    """name of the experiment (prefix of the default run directory): the script's file name, so a copy names its own"""
     seed: int = 1
     """seed of the first run; vmapped runs use seed, seed + 1, ..."""
     num_seeds: int = 1

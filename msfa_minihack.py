@@ -58,8 +58,8 @@ from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, fo
 # =====================================================================================================================
 @dataclass
 class Args:
-    exp_name: str = "msfa_minihack"
-    """name of the experiment (prefix of the default run directory)"""
+    exp_name: str = os.path.splitext(os.path.basename(__file__))[0]
+    """name of the experiment (prefix of the default run directory): the script's file name, so a copy names its own"""
     seed: int = 1
     """seed of the first run; vmapped runs use seed, seed + 1, ..."""
     num_seeds: int = 1

@@ -304,6 +304,47 @@ def load_checkpoint(path: Path, skeleton):
 
 
 # =====================================================================================================================
+# The script that trained a run: config.json and every parameter file name it, so that the results tools rebuild
+# the agent with that script (a copy with another network or loss included)
+# =====================================================================================================================
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def script_of(args) -> str:
+    """The file of the script whose Args `args` is: relative to the repository root when inside it."""
+    path = Path(sys.modules[type(args).__module__].__file__).resolve()
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def load_script(script: str, origin: str = ""):
+    """The module of a training script named by a run (a path relative to the repository root, or absolute).
+    A missing file stops with one line saying which run needs it."""
+    path = Path(script) if Path(script).is_absolute() else ROOT / script
+    require(path.is_file(), f"{origin or 'the run'} was trained by {script}, which is not there (moved or deleted): "
+                            "put the script back at that path to rebuild its agent")
+    return _import_script(path.resolve())
+
+
+@functools.lru_cache(maxsize=None)
+def _import_script(path: Path):
+    import importlib.util
+
+    if path.parent == ROOT:  # a script of the repository, or a copy next to them: the importable module
+        import importlib
+
+        return importlib.import_module(path.stem)
+    name = f"_script_{path.stem}_{abs(hash(str(path))) % 10**8}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+# =====================================================================================================================
 # The run directory
 # =====================================================================================================================
 def _run_files(path: Path) -> list[str]:
@@ -347,6 +388,7 @@ class RunDir:
         require(os.access(self.path, os.W_OK | os.X_OK), f"--run-dir {self.path} is not writable; pass a writable "
                                                           "directory")
         self.args = args
+        self.script = script_of(args)
         self.opened = self.last_save = time.monotonic()
 
     def _check_resume(self, args, total_steps: int) -> None:
@@ -382,7 +424,7 @@ class RunDir:
         args = dataclasses.asdict(self.args)
         command = " ".join(sys.argv)
         if self.resumed_from is None:
-            config = {"args": args, **config, "versions": versions(), "command": command}
+            config = {"args": args, "script": self.script, **config, "versions": versions(), "command": command}
         else:
             config = self.config
             config["args"] = {**config["args"], **{k: args[k] for k in self.resumed_from}}  # run_dir: where it is now
@@ -413,7 +455,7 @@ class RunDir:
         """params_seed<N>.eqx for every seed: the online parameters alone (a few MB; what analysis reads and what a
         GPU machine can bring back), with a JSON header holding the step, the seed, the method and the run's
         arguments, from which a script rebuilds the network to load them into. Only the latest are kept."""
-        header = {"step": step, "method": self.method, "args": dataclasses.asdict(self.args)}
+        header = {"step": step, "method": self.method, "script": self.script, "args": dataclasses.asdict(self.args)}
         for i, seed in enumerate(seeds):
             save_checkpoint(self.path / f"params_seed{seed}.eqx", jax.tree.map(lambda x: x[i], params),
                             header | {"seed": seed}, f"free space, then resume with: {self.resume_command()}")

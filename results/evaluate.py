@@ -27,7 +27,7 @@ import numpy as np
 import tyro
 
 from common import babyai
-from common.run import EVAL_FIELDS, ConfigError, exit_on_config_error, format_task, require
+from common.run import EVAL_FIELDS, ConfigError, exit_on_config_error, format_task, load_script, require
 from results.summarize import args_env, tasks_of_env
 
 MSFA_SCRIPTS = {"babyai": "msfa_babyai", "fruitbot": "msfa_fruitbot", "minihack": "msfa_minihack"}
@@ -78,11 +78,14 @@ def load_agent(path: Path):
             header = json.loads(f.readline().decode())
         except ValueError:
             raise ConfigError(f"{path} is not a parameter file (no JSON header)") from None
-        family = str(header.get("method", "")).split(" ")[0]  # "MSFA (entangled psi)" -> "MSFA"
-        require(family == "MSFA" or family in BASELINE_SCRIPTS, f"{path}: unknown method {header.get('method')!r}")
-        env = args_env(header["args"])
-        require(env in MSFA_SCRIPTS, f"{path}: unknown environment {env!r}")
-        script = importlib.import_module(MSFA_SCRIPTS[env] if family == "MSFA" else BASELINE_SCRIPTS[family])
+        if "script" in header:  # the script that trained it (a copy with its own network and losses included)
+            script = load_script(header["script"], str(path))
+        else:  # files written before runs named their script: the repository's script of the method and env
+            family = str(header.get("method", "")).split(" ")[0]  # "MSFA (entangled psi)" -> "MSFA"
+            require(family == "MSFA" or family in BASELINE_SCRIPTS, f"{path}: unknown method {header.get('method')!r}")
+            env = args_env(header["args"])
+            require(env in MSFA_SCRIPTS, f"{path}: unknown environment {env!r}")
+            script = importlib.import_module(MSFA_SCRIPTS[env] if family == "MSFA" else BASELINE_SCRIPTS[family])
         fields = {f.name for f in dataclasses.fields(script.Args)}
         args = script.Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in header["args"].items()
                               if k in fields})

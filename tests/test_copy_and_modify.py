@@ -1,0 +1,102 @@
+"""Copy a script, change it, train it, and use every results tool on it: the CleanRL promise.
+
+A copy of msfa_babyai.py outside the repository gets another loss term (the phi regression weighted by 0.25 inside
+the loss, not through a flag), a new logged metric (the mean |Q| of the batch), and another layer (a LayerNorm on each
+module's state before the psi MLP). It trains tiny; then results.evaluate (which must reproduce the run's own
+evaluation), results.analyze, results.plot, results.summarize and results.compare run on its directory, rebuilding
+the agent with the copy named in config.json and the parameter files' headers. A moved copy gives one line."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FLAGS = ["--num-envs", "4", "--sequence-period", "8", "--sequence-length", "9", "--replay-size", "64",
+         "--min-replay-size", "8", "--batch-size", "4", "--samples-per-insert", "2.0", "--target-update-period", "3",
+         "--eval-episodes", "2", "--num-modules", "2", "--module-size", "16", "--attention-heads", "1",
+         "--psi-hidden", "8", "--phi-hidden", "8", "--total-timesteps", "128", "--log-every", "64",
+         "--eval-every", "64"]
+
+EDITS = [  # (what the original has, what the copy has instead): each must occur exactly once
+    # a loss term: the phi regression counts a quarter, written into the loss itself
+    ("            + args.phi_coeff * loss_phi)", "            + 0.25 * args.phi_coeff * loss_phi)"),
+    # a new metric, logged by the training loop like the others
+    ('LOSS_NAMES = ("loss", "loss_q", "loss_psi", "loss_phi", "q_mean", "grad_norm")',
+     'LOSS_NAMES = ("loss", "loss_q", "loss_psi", "loss_phi", "q_mean", "grad_norm", "q_abs")'),
+    ('               "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"]),',
+     '               "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"]), "q_abs": jnp.mean(jnp.abs(out["q_mean"])),'),
+    # a layer: LayerNorm on the module states feeding psi (new parameters the original network does not have)
+    ("        inputs = jnp.concatenate([h, z[None] * self.module_masks()], axis=-1)",
+     "        inputs = jnp.concatenate([jax.vmap(self.state_norm)(h), z[None] * self.module_masks()], axis=-1)"),
+    ("        self.task_dim, self.entangled_psi, self.entangled_phi = task_dim, args.entangled_psi, args.entangled_phi",
+     "        self.task_dim, self.entangled_psi, self.entangled_phi = task_dim, args.entangled_psi, args.entangled_phi\n"
+     "        self.state_norm = eqx.nn.LayerNorm(d)"),
+    ("class MSFANetwork(eqx.Module):", "class MSFANetwork(eqx.Module):\n    state_norm: eqx.nn.LayerNorm"),
+]
+
+
+@pytest.fixture(scope="module")
+def copied_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("copy")
+    source = (ROOT / "msfa_babyai.py").read_text()
+    for old, new in EDITS:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    script = tmp / "my_msfa.py"
+    script.write_text(source)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, str(script), *FLAGS], cwd=tmp, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return script, tmp / "runs" / "my_msfa__1"  # the default run directory: named after the copy
+
+
+def test_the_copy_names_itself_and_logs_its_metric(copied_run):
+    script, run = copied_run
+    config = json.loads((run / "config.json").read_text())
+    assert config["args"]["exp_name"] == "my_msfa" and config["script"] == str(script)
+    header = json.loads((run / "params_seed1.eqx").open("rb").readline())
+    assert header["script"] == str(script)
+    rows = list(csv.DictReader(open(run / "metrics.csv")))
+    assert "q_abs" in rows[0] and rows[-1]["q_abs"] != ""
+
+
+def test_every_results_tool_rebuilds_the_copys_agent(copied_run, tmp_path, capsys):
+    from results import analyze, compare, evaluate, plot, summarize
+
+    from helpers import replayed_evaluation
+
+    _, run = copied_run
+    again, ran = replayed_evaluation(run, 128, tmp_path)  # the copy's own network and settings, the same numbers
+    assert again == ran and len(ran) > 0
+    analyze.main(analyze.Args(run_dirs=(str(run),), out=str(tmp_path / "analysis"), episodes=2))
+    assert any((tmp_path / "analysis").iterdir())
+    plot.main(plot.Args(run_dirs=(str(run),), out=str(tmp_path / "figures"), reference_episodes=0))
+    assert (tmp_path / "figures" / "learning_curves.png").exists()
+    summarize.main(summarize.Args(run_dir=str(run)))
+    compare.main(compare.Args(run_dirs=(str(run),)))
+    out = capsys.readouterr().out
+    assert "MSFA" in out
+
+
+def test_a_moved_copy_gives_one_line(copied_run, tmp_path, capsys):
+    from results import evaluate
+
+    script, run = copied_run
+    moved = script.with_name("moved.py")
+    script.rename(moved)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            evaluate.main(evaluate.Args(run_dir=str(run), episodes=1, out=str(tmp_path / "x.csv")))
+    finally:
+        moved.rename(script)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1, err
+    assert f"was trained by {script}, which is not there" in err[0]
