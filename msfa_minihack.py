@@ -848,11 +848,17 @@ def main(args: Args) -> None:
     run.write_config({"method": method_name(args), "num_params": num_params,
                       "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
     chunk_iterations = max(1, args.log_every // per_iteration)
-    eval_every_iterations = max(1, args.eval_every // per_iteration)
-    train_chunk = make_train_chunk(setup, args, chunk_iterations)
+    eval_every_iterations = -(-args.eval_every // per_iteration)  # evaluations at whole iterations, never fewer
+    train_chunks = {}  # iterations -> jitted chunk: the log interval, and shorter ones to stop at evaluations and the end
     evaluate = make_evaluate(setup, args)
     print(f"{args.num_seeds} seed(s) x {args.num_envs} envs, {sgd_steps_per_iteration(args)} SGD steps per "
           f"{per_iteration} env steps; logging every {chunk_iterations * per_iteration:,} steps; run dir {run.path}")
+    rounded = [f"--{name} {asked:,} -> {whole * per_iteration:,}" for name, asked, whole in (
+        ("total-timesteps", args.total_timesteps, total_iterations), ("eval-every", args.eval_every,
+                                                                      eval_every_iterations))
+        if asked != whole * per_iteration]
+    if rounded:
+        print(f"rounded up to whole iterations of {per_iteration} env steps: {'; '.join(rounded)}", flush=True)
 
     iteration = run.start_step // per_iteration
     next_eval = (iteration // eval_every_iterations + 1) * eval_every_iterations
@@ -861,11 +867,14 @@ def main(args: Args) -> None:
     with StopSignals() as signals, run.open_logs(fields) as logs:
         while iteration < total_iterations:
             chunk_start = time.time()
-            state, metrics = train_chunk(state)
+            n = min(chunk_iterations, total_iterations - iteration, next_eval - iteration)
+            if n not in train_chunks:
+                train_chunks[n] = make_train_chunk(setup, args, n)
+            state, metrics = train_chunks[n](state)
             metrics = jax.tree.map(np.asarray, metrics)  # [seeds, iterations]: the one host sync per chunk
-            iteration += chunk_iterations
+            iteration += n
             step = iteration * per_iteration
-            sps = chunk_iterations * per_iteration / (time.time() - chunk_start)
+            sps = n * per_iteration / (time.time() - chunk_start)
             rows = metric_rows(metrics, state.sgd_steps, seeds, step, sps, LOSS_NAMES, TRAIN_TASK_NAMES)
             logs.write_metrics(rows)
             require_finite(rows, LOSS_NAMES, run)  # stops on NaN/inf, keeping the last good checkpoint

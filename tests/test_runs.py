@@ -387,3 +387,16 @@ def test_a_save_on_a_full_disk_stops_with_one_line_and_loses_nothing(finished, t
     monkeypatch.setattr(eqx, "tree_serialise_leaves", serialise)
     msfa.main(parse_args(msfa.Args, args))  # space freed: it resumes from the kept checkpoint
     assert int(read(run_dir / "metrics.csv")[-1]["step"]) == 256
+
+
+# ------------------------------------------------------------------------------------------ exact step budgets
+def test_a_run_trains_the_steps_asked_and_evaluates_where_asked(tmp_path, capsys):
+    """32 env steps an iteration (4 envs x 8): --total-timesteps 150 trains 160 (5 iterations, not a whole extra log
+    chunk), --eval-every 90 evaluates at 96 and at the end, and the chunks stop there (logging every 64 steps)."""
+    run_dir = tmp_path / "run"
+    msfa.main(msfa.Args(**(TINY_MSFA | dict(total_timesteps=150, log_every=64, eval_every=90,
+                                             run_dir=str(run_dir)))))
+    out = capsys.readouterr().out
+    assert "rounded up to whole iterations of 32 env steps: --total-timesteps 150 -> 160; --eval-every 90 -> 96" in out
+    assert [int(r["step"]) for r in read(run_dir / "metrics.csv")] == [64, 96, 160]
+    assert sorted({int(r["step"]) for r in read(run_dir / "eval.csv")}) == [96, 160]
