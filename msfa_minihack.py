@@ -157,8 +157,9 @@ class Args:
     """sequences in replay before learning starts"""
     samples_per_insert: float = 6.0
     """sampled sequences per inserted sequence (the replay ratio)"""
-    batch_size: int = 8
-    """sequences per SGD step"""
+    batch_size: int | None = None
+    """sequences per SGD step (default: 8 in the small room; 16 in the large one: the original's search gave MSFA
+    batches of 64 sequences there, split into 4 SGD steps)"""
     priority_exponent: float = 0.9
     """replay samples sequences with probability ~ priority^exponent"""
     importance_exponent: float = 0.6
@@ -190,9 +191,12 @@ class Args:
                 self.total_timesteps = PAPER_STEPS[self.room_size]
             if self.train_levels is None:
                 self.train_levels = TRAIN_LEVELS[self.room_size]
+            if self.batch_size is None:
+                self.batch_size = PAPER_BATCH[self.room_size]
 
 
 PAPER_STEPS = {"5x5": 3_000_000, "15x15": 5_000_000}
+PAPER_BATCH = {"5x5": 8, "15x15": 16}  # the original's dataset batch (32; MSFA large room 64) / its 4 SGD steps
 
 
 def check_args(args: Args) -> None:

@@ -14,8 +14,9 @@ shifted right by 4 with a high-half multiply, as OpenCV's vectorised code does),
 resized `pixel_crop` (tests check it on real states of every room against cv2 itself).
 
 Episodes. The room is drawn uniformly from `tasks` at every episode start (or pinned per env for evaluation, with
-`task_of_env`). Training levels come from a fixed set of level seeds (200 for 5x5, 1000 for 15x15: NLE's core and
-display RNGs both seeded with the level seed, as the original's env.seed(randint(num_train_seeds))); evaluation
+`task_of_env`). Training levels come from a fixed set of level seeds (200 for 5x5, 1000 for 15x15. The original's
+env.seed(randint(num_train_seeds)) seeded NLE's core RNG with the level seed and left the display RNG random; here
+both get the level seed, so a level replays exactly); evaluation
 levels are fresh (seeds drawn far outside the training set). Reaching the stairs and dying end an episode
 (termination); the time limit, which NLE reports as end_status ABORTED, is a truncation. The envs auto-reset: the
 observation returned with an ending step is the next episode's first, and info["final_tiles"] holds the crop the

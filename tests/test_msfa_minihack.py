@@ -141,3 +141,9 @@ def test_tiny_run_end_to_end(tmp_path, capsys):
     assert int(list(csv.DictReader(open(run / "metrics.csv")))[-1]["step"]) == 128
     again, ran = replayed_evaluation(run, 128, tmp_path)  # results/evaluate.py on the saved agents
     assert again == ran and len(ran) == 2 * 2 * (len(TRAIN_TASKS) + len(TEST_TASKS))
+
+
+def test_the_large_room_takes_the_originals_larger_batch():
+    """The original's search gave MSFA 64-sequence batches in the large room (4 SGD steps of 16); 32 (8) elsewhere."""
+    assert script.Args().batch_size == 8 and script.Args(room_size="15x15").batch_size == 16
+    assert script.Args(room_size="15x15", batch_size=4).batch_size == 4  # a batch given stays
