@@ -56,38 +56,45 @@ def sprite_aspect_ratios() -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------------------------
 # The frame, drawn as procgen's Qt painter draws it
 # ---------------------------------------------------------------------------------------------------------------------
-# How procgen draws a Fruitbot frame (basic-abstract-game.cpp, fruitbot.cpp, game.cpp; Qt 5 raster engine, no
-# antialiasing and no smooth pixmap transform, so every image is sampled nearest-neighbour into a float rect):
-#   1. black, then the level's background image tiled vertically over the level rect (bg_tile_ratio -1: tiles as
-#      wide as the level, here exactly 64 px square);
+# How procgen draws a Fruitbot frame (basic-abstract-game.cpp, fruitbot.cpp, game.cpp; Qt 5.9's raster engine with
+# neither antialiasing nor smooth pixmap transform, so every image is sampled nearest-neighbour into a float rect):
+#   1. black, then the background image tiled vertically over the level rect (bg_tile_ratio -1: tiles as wide as the
+#      level, exactly 64 px square at these widths);
 #   2. the grid cells in view: fruitbot's grid is all space, but cells outside the level answer OUT_OF_BOUNDS_WALL,
-#      drawn with the barrier image (tileStone_slope) in rects widened by RENDER_EPS: a row of stone tiles below the
-#      level's bottom edge and above its top edge;
+#      drawn with the barrier's image (tileStone_slope) in rects widened by RENDER_EPS: rows of stone tiles below the
+#      level's bottom edge and above its top edge (the top of the view at the end of a level);
 #   3. the entities of render_z 0 in list order, barriers tiled horizontally (tile aspect 1), locked doors too
-#      (aspect 3.25), then the agent (render_z 1) rotated by -90 degrees about its rect's centre.
-# An unrotated image drawn into a float rect (left, top, w, h) covers the pixel columns [round(left), round(left+w))
-# (round half up), and column X samples source column (ceil((X + 0.5 - left) * ix) - 1) >> 16 with the 16.16
-# fixed-point step ix = int(65536 * src_width / w); rows likewise (Qt's qt_scale_image_32bit mapping). The rotated
-# agent is sampled at pixel centres (Qt's transformed-image path): a pixel is drawn where its centre, rotated back
-# into the rect, falls inside, at floor of the source coordinate. Sprites are premultiplied ARGB (QImage's
-# ARGB32_Premultiplied) blended source-over with Qt's byte multiply, dst = src + (dst * (255 - a) + 128 + ...) / 256.
-# These were matched pixel for pixel against procgen's observations (tests/test_fruitbot_frame.py).
+#      (aspect 3.25), then the agent (render_z 1), rotated by -90 degrees about its rect's centre.
+# The view: unit = 64 / main_width px, cx = main_width / 2, cy = agent.y + main_width / 2 - 2 agent.ry, all in
+# procgen's float32 (get_screen_rect). An unrotated image drawn into a float rect (left, top, w, h) covers the pixel
+# columns [qRound(left), qRound(left + w)) (round half up, in double: the columns whose centre lies in
+# (left, left + w]), and column X samples source column (ceil((X + 0.5 - left) * ix) - 1) >> 16 with the 16.16 step
+# ix = int(65536 / (w / src_width)); rows likewise (Qt's qt_scale_image_32bit). The rotated agent goes through
+# Qt's transformed-image path: a pixel is drawn where its centre, rotated back into the rect, falls inside, from the
+# source pixel at the floor of that position. Sprites are premultiplied ARGB (ARGB32_Premultiplied, qPremultiply's
+# rounding), blended source-over with Qt's BYTE_MUL: dst = src + (t + (t >> 8) + 128) >> 8, t = dst * (255 - alpha).
+# Matched pixel for pixel against procgen's observations (tests/test_fruitbot_frame.py), with procgen's float32
+# rect arithmetic emulated exactly (XLA's own fused multiply-adds kept out) and Qt's double arithmetic made exact
+# with error-free sums and products.
+#
+# Speed (XLA on the CPU): per pixel only bit operations and three gathers. The first live slots in view are
+# selected (max_visible: barriers/doors and the rest apart, in slot order); each gets a row table and a column table
+# (64 entries: atlas offset of the source row/column, Qt's mapping done once per slot and row or column); coverage
+# bit masks per pixel row and column give each pixel its owner, the last selected slot covering it (AND, count
+# leading zeros); the pixel is atlas[row_table[owner, y] + column_table[owner, x]]. Backgrounds are pre-scaled to
+# the 64 px width and out-of-bounds rows precomposed (FrameImages.rows: one gathered row per pixel row); the agent
+# is drawn in its fixed band of rows. vmap runs one batched program (custom_vmap), in three parts XLA keeps apart
+# (_stage): geometry, gathers, blending.
 
 RENDER_EPS = np.float32(0.02)
 OUT_OF_BOUNDS_SPRITE = BARRIER_SPRITE  # fruitbot's OUT_OF_BOUNDS_WALL uses the barrier's image
 TILE_ASPECT = np.zeros(NUM_SPRITES, np.float32)  # fruitbot.cpp get_tile_aspect_ratio: 0 = not tiled
 TILE_ASPECT[BARRIER_SPRITE], TILE_ASPECT[DOOR_SPRITE] = 1.0, 3.25
-BG_ROWS, RES = 512, 64
-
-
-class FrameImages(NamedTuple):
-    """Everything `render` reads, built once by `frame_images()` from procgen's images."""
-    atlas: jax.Array  # uint32 [A]: every sprite's premultiplied ARGB pixels row by row; atlas[0] is transparent
-    base: jax.Array  # int32 [NUM_SPRITES]: where each sprite starts in the atlas
-    width: jax.Array  # int32 [NUM_SPRITES]
-    height: jax.Array  # int32 [NUM_SPRITES]
-    backgrounds: jax.Array  # uint32 [len(BACKGROUND_FILES), 512, 64]: 0x00RRGGBB, scaled to the 64 px width
-    bg_height: jax.Array  # int32 [len(BACKGROUND_FILES)]: source rows of each background
+AGENT_R = np.float32(0.4)  # procgen's agent half-size (basic-abstract-game.cpp a_r): fixes the agent's pixel rows
+RES = 64
+BG_ROWS = 512  # rows per background in FrameImages.rows (the tallest background)
+MAIN_WIDTHS = (10, 20)  # the level widths frame_images prepares (easy and the paper's games, hard)
+OOB_CODES = 16 + 16 * 16 + 1  # out-of-bounds rows: one cell's source row, two cells' source rows, none
 
 
 def _pack(rgba: np.ndarray) -> np.ndarray:
@@ -99,9 +106,20 @@ def _pack(rgba: np.ndarray) -> np.ndarray:
     return (a[..., 0] << 24) | (p[..., 0] << 16) | (p[..., 1] << 8) | p[..., 2]
 
 
+def _blend(dst, src):
+    """Qt's source-over of premultiplied ARGB pixels onto RGB32 ones (uint32 0xAARRGGBB, numpy or jax): src +
+    BYTE_MUL(dst, 255 - alpha), two channels per multiply. A transparent src (0) leaves dst's colour as it is."""
+    ia = np.uint32(255) - (src >> 24)
+    rb = (dst & np.uint32(0xFF00FF)) * ia
+    rb = ((rb + ((rb >> 8) & np.uint32(0xFF00FF)) + np.uint32(0x800080)) >> 8) & np.uint32(0xFF00FF)
+    ag = ((dst >> 8) & np.uint32(0xFF00FF)) * ia
+    ag = (ag + ((ag >> 8) & np.uint32(0xFF00FF)) + np.uint32(0x800080)) & np.uint32(0xFF00FF00)
+    return src + (rb | ag)
+
+
 def _qround_np(v):
     """Qt's qRound: round half up (floor(v + 0.5)), in numpy float64."""
-    return np.floor(np.asarray(v, np.float64) + 0.5).astype(np.int64)
+    return int(np.floor(np.float64(v) + 0.5))
 
 
 def _scale_indices(left: float, width: float, src: int, n: int = RES):
@@ -114,32 +132,6 @@ def _scale_indices(left: float, width: float, src: int, n: int = RES):
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _frame_images_np():
-    sprites = [_pack(load_image(name)) for name in SPRITE_FILES]
-    base, offset = [], 1  # atlas[0]: a transparent texel for "nothing here"
-    for s in sprites:
-        base.append(offset)
-        offset += s.size
-    atlas = np.concatenate([np.zeros(1, np.uint32)] + [s.ravel() for s in sprites])
-    backgrounds = np.zeros((len(BACKGROUND_FILES), BG_ROWS, RES), np.uint32)
-    bg_height = []
-    for b, name in enumerate(BACKGROUND_FILES):
-        img = load_image(name)
-        # the level rect is exactly 64 px wide (main_width * unit), at x = 0: the column mapping is fixed
-        cols = _scale_indices(0.0, float(RES), img.shape[1])
-        rgb = img[:, cols, :3].astype(np.uint32)
-        backgrounds[b, : img.shape[0]] = (rgb[..., 0] << 16) | (rgb[..., 1] << 8) | rgb[..., 2]
-        bg_height.append(img.shape[0])
-    return (atlas, np.array(base, np.int32), np.array([s.shape[1] for s in sprites], np.int32),
-            np.array([s.shape[0] for s in sprites], np.int32), backgrounds, np.array(bg_height, np.int32))
-
-
-def frame_images() -> FrameImages:
-    """The images `render` draws from (procgen's package images, premultiplied and pre-scaled), as device arrays."""
-    return FrameImages(*(jnp.asarray(a) for a in _frame_images_np()))
-
-
 # -- the camera (BasicAbstractGame::prepare_for_drawing with FruitBotGame::choose_center), in procgen's float math --
 f32 = np.float32
 
@@ -150,9 +142,9 @@ class _View(NamedTuple):
     view_dim: np.float32
     x_off: np.float32
     half_view: np.float32
-    center_x_minus: np.float32  # main_width / 2.0 as procgen's float
+    center_x: np.float32  # main_width / 2.0 as procgen's float
     margin: np.float32  # draw_foreground's visibility / 2.0 + 1
-    bg_top0: np.float32  # (view_dim - main_height) * unit: the level rect's top before y_off
+    bg_top0: np.float32  # view_dim - main_height: the level rect's top (times unit, plus y_off)
     bg_tile_h: np.float32
     bg_tiles: int
     cell_h: np.float32  # an out-of-bounds cell's height in pixels (1 + 2 RENDER_EPS units)
@@ -191,22 +183,76 @@ def _view(main_width: int, main_height: int) -> _View:
             raise NotImplementedError(f"main_width {main_width}: a pixel column in three grid cells")
         cols[1] = np.where(second, idx, cols[1])
         cols[0] = np.where((idx >= 0) & ~second, idx, cols[0])
-    return _View(unit, view_dim, x_off, half_view, center_x, margin, f32(f32(view_dim - f32(main_height)) * unit),
+    return _View(unit, view_dim, x_off, half_view, center_x, margin, f32(view_dim - f32(main_height)),
                  tile_h, tiles, cell_w, cols)
 
 
-
-
-AGENT_R = np.float32(0.4)  # procgen's agent half-size (basic-abstract-game.cpp a_r): fixes the agent's pixel rows
-
-
 def agent_band(main_width: int) -> tuple[int, int]:
-    """The pixel rows the agent can cover (static: the camera follows it, cy = agent.y + main_width / 2 - 0.8)."""
-    unit = _view(main_width, 60).unit
-    top = float(unit) * (main_width - 3 * float(AGENT_R))
-    return max(int(np.floor(top)) - 1, 0), min(int(np.ceil(top + 2 * float(AGENT_R) * float(unit))) + 1, RES)
+    """The pixel rows the agent can cover: fixed, as the camera follows it (its top is (main_width - 1.2) units
+    down the view), with a row of margin each side."""
+    unit = float(_view(main_width, 60).unit)
+    top = unit * (main_width - 3 * float(AGENT_R))
+    return max(int(np.floor(top)) - 1, 0), min(int(np.ceil(top + 2 * float(AGENT_R) * unit)) + 1, RES)
 
 
+def _out_of_bounds_rows(stone: np.ndarray, main_width: int) -> np.ndarray:
+    """uint32 [OOB_CODES, 64]: the out-of-bounds rows over black. Code s < 16: one cell row covers the pixel row,
+    sampled at its source row s; 16 + 16 a + b: two do (the lower at source row a, the upper at b); last: none.
+    Per pixel column procgen draws cell column x's rows bottom to top, then cell column x + 1's (columns overlap)."""
+    size = stone.shape[0]
+    one, two = np.zeros((size, RES), np.uint32), np.zeros((size, size, RES), np.uint32)
+    for cols in _view(main_width, 60).oob_cols:  # the first, then the second cell covering each pixel column
+        layer = np.where(cols >= 0, stone[:, np.maximum(cols, 0)], np.uint32(0))  # [16, 64]
+        one = _blend(one, layer)
+        two = _blend(_blend(two, layer[:, None, :]), layer[None, :, :])
+    return np.concatenate([one, two.reshape(size * size, RES), np.zeros((1, RES), np.uint32)])
+
+
+class FrameImages(NamedTuple):
+    """Everything `render` reads, built once by `frame_images()` from procgen's images."""
+    atlas: jax.Array  # uint32 [A]: every sprite's premultiplied ARGB pixels row by row; atlas[0] is transparent
+    base: jax.Array  # int32 [NUM_SPRITES]: where each sprite starts in the atlas
+    width: jax.Array  # int32 [NUM_SPRITES]
+    height: jax.Array  # int32 [NUM_SPRITES]
+    rows: jax.Array  # uint32 [R, 64]: 64-px rows: each background's (BG_ROWS apart, scaled to the level's 64 px
+    # width), then for each of MAIN_WIDTHS the out-of-bounds rows (_out_of_bounds_rows)
+    bg_height: jax.Array  # int32 [len(BACKGROUND_FILES)]: rows of each background image
+
+
+@functools.lru_cache(maxsize=None)
+def _frame_images_np():
+    sprites = [_pack(load_image(name)) for name in SPRITE_FILES]
+    base = np.cumsum([1] + [s.size for s in sprites[:-1]])  # atlas[0]: a transparent texel for "nothing here"
+    atlas = np.concatenate([np.zeros(1, np.uint32)] + [s.ravel() for s in sprites])
+    backgrounds = np.zeros((len(BACKGROUND_FILES), BG_ROWS, RES), np.uint32)
+    for b, name in enumerate(BACKGROUND_FILES):
+        img = load_image(name)
+        # the level rect is exactly 64 px wide at x = 0 (checked by _view): its column mapping is fixed
+        rgb = img[:, _scale_indices(0.0, float(RES), img.shape[1]), :3].astype(np.uint32)
+        backgrounds[b, : img.shape[0]] = (rgb[..., 0] << 16) | (rgb[..., 1] << 8) | rgb[..., 2]
+    rows = [backgrounds.reshape(-1, RES)] + [_out_of_bounds_rows(sprites[OUT_OF_BOUNDS_SPRITE], w)
+                                             for w in MAIN_WIDTHS]
+    return FrameImages(atlas, base.astype(np.int32), np.array([s.shape[1] for s in sprites], np.int32),
+                       np.array([s.shape[0] for s in sprites], np.int32), np.concatenate(rows),
+                       np.array([load_image(name).shape[0] for name in BACKGROUND_FILES], np.int32))
+
+
+def frame_images() -> FrameImages:
+    """The images `render` draws from (procgen's package images, premultiplied and pre-scaled), as device arrays
+    (about 1.5 MB)."""
+    return FrameImages(*(jnp.asarray(a) for a in _frame_images_np()))
+
+
+def _oob_offset(main_width: int) -> int:
+    if main_width not in MAIN_WIDTHS:
+        raise NotImplementedError(f"render: main_width {main_width} is not one of MAIN_WIDTHS {MAIN_WIDTHS} that "
+                                  f"frame_images prepares out-of-bounds rows for")
+    return len(BACKGROUND_FILES) * BG_ROWS + MAIN_WIDTHS.index(main_width) * OOB_CODES
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The renderer (jax)
+# ---------------------------------------------------------------------------------------------------------------------
 # -- exact float helpers: procgen's rects are float32, Qt's arithmetic on them is double -----------------------------
 def _two_sum(a, b):
     """a + b = s + e exactly (float32)."""
@@ -216,7 +262,8 @@ def _two_sum(a, b):
 
 
 def _two_product(a, b):
-    """a * b = p + e exactly (float32, Dekker's splitting; XLA does not fuse it into FMAs on the CPU)."""
+    """a * b = p + e exactly (float32, Dekker's splitting; still exact where XLA's CPU compiler contracts its
+    products and sums into fused multiply-adds, as it does: checked on random pairs)."""
     def split(v):
         c = jnp.float32(4097.0) * v
         hi = c - (c - v)
@@ -225,6 +272,19 @@ def _two_product(a, b):
     ah, al = split(a)
     bh, bl = split(b)
     return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+def _rounded(p):
+    """The product p, rounded to float32 before any sum uses it, as procgen's C++ rounds it. XLA's CPU compiler
+    contracts a product and a sum into one fused multiply-add (one rounding), where the fusion it lands in allows
+    (so differently for different batch sizes): a rect one float32 ulp off flips a source row in about one frame in
+    300. The select keeps the product apart (a NaN becomes 0)."""
+    return jnp.where(jnp.isnan(p), jnp.float32(0), p)
+
+
+def _mul_add(a, b, c):
+    """a * b + c with the product rounded first (get_screen_rect's (v - eps) * unit + y_off)."""
+    return _rounded(a * b) + c
 
 
 def _qround(a, b=None):
@@ -270,128 +330,141 @@ def _tile_count(w, h, ratio):
 
 
 def _axis(start, size, src):
-    """One axis of an unrotated image drawn into [start, start + size) (float32 pixels, any leading shape): the first
-    and last+1 pixels drawn (clipped to the frame), and the 16.16 source position at the first one and its step."""
+    """One axis of an unrotated image drawn into [start, start + size) (float32 pixels, any shape): the first and
+    last+1 pixels drawn (clipped to the frame), the 16.16 source position at the first one and the step."""
     lo = jnp.maximum(_qround(start), 0)
     hi = jnp.minimum(_qround(start, size), RES)
     step = _step(size, src)
     return lo, hi, _fixed(lo.astype(jnp.float32) + jnp.float32(0.5), start, step), step.astype(jnp.int32)
 
 
-def _blend(dst, src):
-    """Qt's source-over of a premultiplied ARGB pixel onto an RGB32 one (uint32 0xAARRGGBB): src + dst * (255 - a)
-    with Qt's BYTE_MUL rounding, two channels per multiply."""
-    ia = jnp.uint32(255) - (src >> 24)
-    rb = (dst & 0xFF00FF) * ia
-    rb = ((rb + ((rb >> 8) & 0xFF00FF) + 0x800080) >> 8) & 0xFF00FF
-    ag = ((dst >> 8) & 0xFF00FF) * ia
-    ag = (ag + ((ag >> 8) & 0xFF00FF) + 0x800080) & jnp.uint32(0xFF00FF00)  # (a python int above 2^31: uint32)
-    return src + (rb | ag)
+def _materialize(x):
+    """x, computed once into memory (within a _stage): XLA's CPU compiler fuses elementwise producers into all their
+    consumers, so small per-slot or per-row results would be recomputed for every pixel that uses them. A reduction
+    is a fusion root that consumers read from memory; this one (x + 0 over a stacked axis of two) costs one pass over
+    x. (A gather consumer can still absorb it: see _stage. lax.optimization_barrier is dropped on the CPU.)"""
+    if x.dtype == jnp.bool_:
+        return _materialize(x.astype(jnp.uint8)).astype(bool)
+    return jnp.stack([x, jnp.zeros_like(x)]).sum(0, dtype=x.dtype)
+
+
+def _materialize_all(*xs):
+    return tuple(_materialize(x) for x in xs)
+
+
+def _stage(pred, fn, *args):
+    """fn(*args) as a separate part of the program, its arguments and results in memory: XLA's CPU compiler fuses
+    elementwise producers, and even reductions, into the gathers that read them (recomputing, unvectorised, what
+    each gathered element needs), but never across a conditional. `pred` is always true (XLA cannot know it)."""
+    shapes = jax.eval_shape(fn, *args)
+    return jax.lax.cond(pred, fn, lambda *_: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes), *args)
 
 
 def max_visible(main_width: int) -> tuple[int, int]:
     """How many slots `render` draws besides the agent: (tiled: barriers and locked doors, the rest). Barrier rows
     are at least 4 units apart, so a 20-unit view (hard) shows at most 6 rows of 2 barriers and a door (18), a
     10-unit view (easy, the paper's games) 3 rows (and easy has no doors); fruit, food, locks, presents and keys
-    have no such bound: the test measures how many procgen's frames show (hard at most 32, easy 20) against 46/26."""
-    return (18, 46) if main_width > 10 else (6, 26)
+    have no such bound: the test counts how many procgen's frames show (see tests/test_fruitbot_frame.py)."""
+    return (18, 45) if main_width > 10 else (6, 25)  # with the "nothing" row, tables of 64 and 32 rows
+
+
+def count_visible(y, ry, sprite, alive, main_width: int) -> tuple[jax.Array, jax.Array]:
+    """How many slots besides the agent (slot 0) are in view, (barriers and doors, the rest), for one env ([N]
+    arrays) or a batch ([..., N]): render draws at most max_visible(main_width) of each (check a game's levels
+    against it)."""
+    unit = jnp.float32(_view(main_width, 60).unit)
+    y, ry = jnp.asarray(y, jnp.float32), jnp.asarray(ry, jnp.float32)
+    cy = y[..., :1] + jnp.float32(main_width / 2.0) - jnp.float32(2) * ry[..., :1]
+    top = (jnp.float32(main_width) - (y + ry)) * unit + unit * (cy - jnp.float32(main_width / 2.0))
+    visible = jnp.asarray(alive) & (top < RES - 0.5) & (top + 2 * ry * unit >= 0.5)
+    visible = visible.at[..., 0].set(False)
+    tiled = (jnp.asarray(sprite) == BARRIER_SPRITE) | (jnp.asarray(sprite) == DOOR_SPRITE)
+    return (visible & tiled).sum(-1), (visible & ~tiled).sum(-1)
 
 
 def _select(visible, k):
-    """The indices of the first k True entries of `visible`, in order, and which of the k exist."""
-    count = jnp.cumsum(visible.astype(jnp.int32))  # visible slots up to and including each slot
-    want = jnp.arange(k, dtype=jnp.int32)
-    index = (count[None, :] <= want[:, None]).sum(1, dtype=jnp.int32)  # slots before the (k+1)-th visible one
-    return jnp.minimum(index, visible.shape[0] - 1), want < count[-1]
+    """[B, k]: the indices of the first k True entries of each row of `visible` [B, N], in order, and which exist."""
+    batch, num = visible.shape
+    rank = jnp.cumsum(visible.astype(jnp.int32), axis=1) - 1
+    where = jnp.where(visible & (rank < k), rank, k)  # k: dropped
+    rows = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, num))
+    slots = jnp.broadcast_to(jnp.arange(num, dtype=jnp.int32)[None], (batch, num))
+    index = jnp.zeros((batch, k + 1), jnp.int32).at[rows, where].set(slots, mode="drop")[:, :k]
+    return index, jnp.arange(k)[None] < visible.sum(1, dtype=jnp.int32)[:, None]
 
 
-def _oob_table(images: FrameImages, v: _View) -> jax.Array:
-    """The out-of-bounds rows' pixels over black: row s (0-15) where one cell row (source row s) covers a pixel row,
-    16 + 16 a + b where two do (source rows a of the lower cell, b of the upper), then a black row. Per pixel column,
-    procgen draws cell column x's rows bottom to top, then cell column x + 1's (the columns' overlaps)."""
-    size = int(load_image(SPRITE_FILES[OUT_OF_BOUNDS_SPRITE]).shape[0])
-    src = jnp.arange(size)[:, None] * images.width[OUT_OF_BOUNDS_SPRITE] + images.base[OUT_OF_BOUNDS_SPRITE]
-    layers = [jnp.where(jnp.asarray(c >= 0), images.atlas[src + jnp.asarray(np.maximum(c, 0))], jnp.uint32(0))
-              for c in v.oob_cols]  # [16, 64] each: the first and the second cell covering each column
-    black = jnp.zeros((size, RES), jnp.uint32)
-    one, two = black, jnp.zeros((size, size, RES), jnp.uint32)
-    for layer in layers:
-        one = _blend(one, layer)
-        two = _blend(_blend(two, layer[:, None, :]), layer[None, :, :])
-    return jnp.concatenate([one, two.reshape(size * size, RES), jnp.zeros((1, RES), jnp.uint32)])
-
-
-def render(images: FrameImages, x, y, rx, ry, sprite, alive, background, main_width: int,
-           main_height: int) -> jax.Array:
-    """Fruitbot's 64x64x3 uint8 observation as procgen draws it (see the notes above), for one env (vmap it).
-
-    x, y, rx, ry: float32 [N] entity centres and half extents (world units, y up); sprite: int32 [N] sprite ids;
-    alive: bool [N]; background: int32 index into BACKGROUND_FILES; slot 0 is the agent (drawn last, rotated -90
-    degrees, half-size AGENT_R), the others are drawn in slot order. main_width/main_height: the level's size
-    (static ints). Drawn: the first max_visible(main_width) live barriers/doors in view, then the first ones of the
-    rest, one image per pixel (the last slot covering it: where two overlap, which procgen's levels avoid but for a
-    key flying over a locked door or a fruit, the lower one is not drawn under the upper one's transparent pixels)."""
+def _geometry(images: FrameImages, x, y, rx, ry, sprite, alive, background, main_width: int, main_height: int):
+    """Where every pixel's colour comes from (all but the pixels themselves; vectorised arithmetic): the row of
+    FrameImages.rows each pixel row starts from, the rows where the level's edge meets an out-of-bounds row (where
+    and their pixels), the row and column tables [B, K + 1, 64] of the selected slots (the atlas offsets of the
+    source row drawn in each pixel row, and of the source column in each pixel column), each pixel's owner (the
+    last selected slot covering it, K: none) and the agent's atlas indices in its band of rows."""
     v = _view(main_width, main_height)
-    num = x.shape[0]
+    batch, num = x.shape
     k_tiled, k_other = (min(k, num - 1) for k in max_visible(main_width))
     unit = jnp.float32(v.unit)
     pix_i = jnp.arange(RES, dtype=jnp.int32)
     pix = pix_i.astype(jnp.float32) + jnp.float32(0.5)  # pixel centres
+    b_idx = jnp.arange(batch, dtype=jnp.int32)
 
     # camera: cy = agent.y + main_width / 2.0 - 2 agent.ry (double, stored as float); y_off as prepare_for_drawing
-    cy = (y[0] + jnp.float32(main_width / 2.0)) - jnp.float32(2) * ry[0]
-    y_off = unit * (cy - jnp.float32(v.half_view))
+    s1, e1 = _two_sum(y[:, 0], jnp.float32(main_width / 2.0))
+    s2, e2 = _two_sum(s1, -(jnp.float32(2) * ry[:, 0]))
+    cy = s2 + (e1 + e2)  # the double sum rounded once (to float32)
+    y_off = _rounded(unit * (cy - jnp.float32(v.half_view)))[:, None]  # [B, 1]
 
     # every slot's screen rect (get_object_rect): left, top, width, height in pixels
-    left = (x - rx) * unit - jnp.float32(v.x_off)
-    top = (jnp.float32(v.view_dim) - (y + ry)) * unit + y_off
-    wid = (jnp.float32(2) * rx) * unit
-    hei = (jnp.float32(2) * ry) * unit
+    left = _mul_add(x - rx, unit, -jnp.float32(v.x_off))
+    top = _mul_add(jnp.float32(v.view_dim) - (y + ry), unit, y_off)
+    wid = _rounded((jnp.float32(2) * rx) * unit)
+    hei = _rounded((jnp.float32(2) * ry) * unit)
 
-    # ---- the background: black, the level rect's tiles, then the out-of-bounds cells' rows --------------------------
-    bg_top = jnp.float32(v.bg_top0) + y_off
+    # ---- the background: black, the level rect's tiles, then the out-of-bounds cells' rows: per pixel row ---------
+    bg_top = _mul_add(jnp.float32(v.bg_top0), unit, y_off)
     tile_h = jnp.float32(v.bg_tile_h)
-    tile = jnp.clip(jnp.ceil((pix - bg_top) / tile_h) - 1, 0, v.bg_tiles - 1)  # the tile at each pixel row
+    tile = jnp.clip(jnp.ceil((pix - bg_top) / tile_h) - 1, 0, v.bg_tiles - 1)  # the tile at each pixel row [B, 64]
     t_top = bg_top + tile_h * tile
     tile = jnp.where(pix <= t_top, tile - 1, jnp.where(pix > t_top + tile_h, tile + 1, tile))
     t_top = bg_top + tile_h * tile
-    bg_h = images.bg_height[background]
+    bg_h = images.bg_height[background][:, None]
     lo, hi, fixed, step = _axis(t_top, tile_h, bg_h)
     bg_on = (tile >= 0) & (tile < v.bg_tiles) & (pix_i >= lo) & (pix_i < hi)
-    bg_row = jnp.clip((fixed + (pix_i - lo) * step) >> 16, 0, bg_h - 1)
+    bg_row = background[:, None] * BG_ROWS + jnp.clip((fixed + (pix_i - lo) * step) >> 16, 0, bg_h - 1)
 
     # out-of-bounds cells: rows r < 0 or >= main_height within draw_foreground's low_y..high_y, each cell
     # get_screen_rect(x, r + 1, 1, 1, RENDER_EPS); a pixel row lies in at most two (they overlap by 2 eps)
-    low_y = jnp.trunc(cy - jnp.float32(v.margin)).astype(jnp.int32)
-    high_y = jnp.trunc(cy + jnp.float32(v.margin)).astype(jnp.int32)
+    low_y = jnp.trunc(cy - jnp.float32(v.margin)).astype(jnp.int32)[:, None]
+    high_y = jnp.trunc(cy + jnp.float32(v.margin)).astype(jnp.int32)[:, None]
     world = jnp.floor(jnp.float32(v.view_dim) - (pix - y_off) / unit).astype(jnp.int32)  # the cell row at a centre
     stone = images.height[OUT_OF_BOUNDS_SPRITE]
-    cell_h = jnp.float32(v.cell_h)
     cells = []  # (drawn, source row) of cell rows world - 1, world, world + 1 at each pixel row
     for d in (-1, 0, 1):
         r = world + d
-        c_top = ((jnp.float32(v.view_dim) - (r + 1).astype(jnp.float32)) - RENDER_EPS) * unit + y_off
-        lo, hi, fixed, step = _axis(c_top, cell_h, stone)
+        c_top = _mul_add((jnp.float32(v.view_dim) - (r + 1).astype(jnp.float32)) - RENDER_EPS, unit, y_off)
+        lo, hi, fixed, step = _axis(c_top, jnp.float32(v.cell_h), stone)
         on = ((r < 0) | (r >= main_height)) & (r >= low_y) & (r <= high_y) & (pix_i >= lo) & (pix_i < hi)
         cells.append((on, jnp.clip((fixed + (pix_i - lo) * step) >> 16, 0, stone - 1)))
     (on0, s0), (on1, s1), (on2, s2) = cells
     lower_on, lower = on0 | on1 | on2, jnp.where(on0, s0, jnp.where(on1, s1, s2))  # drawn first
     upper_on, upper = (on0 & on1) | (on1 & on2), jnp.where(on0, s1, s2)  # then the cell above (cells do not skip)
-    code = jnp.where(upper_on, 16 + 16 * lower + upper, jnp.where(lower_on, lower, 16 + 256))
-    canvas = jnp.where(bg_on[:, None], images.backgrounds[background, bg_row], _oob_table(images, v)[code])
-    # a pixel row both in the level rect and in a cell (one at most at each end of the level): the cells' tiles
-    # drawn over the background's row
+    code = jnp.where(upper_on, 16 + 16 * lower + upper, jnp.where(lower_on, lower, OOB_CODES - 1))
+    row_index = jnp.where(bg_on, bg_row, _oob_offset(main_width) + code)
+    # a pixel row both in the level rect and in a cell (at most one at each end of the level): the cells' tiles drawn
+    # over the background's row
     special = bg_on & lower_on
-    stone_at = lambda rows, cols: images.atlas[images.base[OUT_OF_BOUNDS_SPRITE] + rows[:, None] * images.width[
-        OUT_OF_BOUNDS_SPRITE] + jnp.asarray(np.maximum(cols, 0))[None, :]]
-    for end in (jnp.argmax(special), RES - 1 - jnp.argmax(special[::-1])):
-        row = images.backgrounds[background, bg_row[end]][None]
-        for c in v.oob_cols:
-            if (c >= 0).any():
-                keep = jnp.asarray(c >= 0)[None, :]
-                row = jnp.where(keep & lower_on[end], _blend(row, stone_at(lower[end][None], c)), row)
-                row = jnp.where(keep & upper_on[end], _blend(row, stone_at(upper[end][None], c)), row)
-        canvas = jnp.where(((pix_i == end) & special)[:, None], row, canvas)
+    stone_px = images.atlas[images.base[OUT_OF_BOUNDS_SPRITE] + jnp.arange(16)[:, None] * images.width[
+        OUT_OF_BOUNDS_SPRITE] + jnp.asarray(np.maximum(v.oob_cols, 0))[:, None, :]]  # [2, 16, 64]
+    special_at, special_rows = [], []
+    for end in (jnp.argmax(special, 1), RES - 1 - jnp.argmax(special[:, ::-1], 1)):
+        at = lambda a: a[b_idx, end][:, None]
+        row = images.rows[at(bg_row)[:, 0]]  # [B, 64]
+        for c, cols in enumerate(v.oob_cols):
+            if (cols >= 0).any():
+                keep = jnp.asarray(cols >= 0)[None, :]
+                row = jnp.where(keep & at(lower_on), _blend(row, stone_px[c][at(lower)[:, 0]]), row)
+                row = jnp.where(keep & at(upper_on), _blend(row, stone_px[c][at(upper)[:, 0]]), row)
+        special_at.append(jnp.where(at(special)[:, 0], end, -1))
+        special_rows.append(row)
 
     # ---- entities: the first visible barriers/doors (tiled), then the first others, in slot order ------------------
     slot = jnp.arange(num, dtype=jnp.int32)
@@ -399,68 +472,147 @@ def render(images: FrameImages, x, y, rx, ry, sprite, alive, background, main_wi
     visible = alive & (slot > 0) & (top < RES - 0.5) & (top + hei >= 0.5)
     sel_t, on_t = _select(visible & tiled, k_tiled)
     sel_o, on_o = _select(visible & ~tiled, k_other)
-    sel, on = jnp.concatenate([sel_t, sel_o]), jnp.concatenate([on_t, on_o])
-    s_left, s_top, s_w, s_h, s_spr = left[sel], top[sel], wid[sel], hei[sel], sprite[sel]
+    sel, on = jnp.concatenate([sel_t, sel_o], 1), jnp.concatenate([on_t, on_o], 1)  # [B, K]
+    pick = lambda a: jnp.take_along_axis(a, sel, 1)
+    s_left, s_top, s_w, s_h, s_spr = pick(left), pick(top), pick(wid), pick(hei), pick(sprite)
     s_base, s_sw, s_sh = images.base[s_spr], images.width[s_spr], images.height[s_spr]
+    e = lambda a: a[..., None]  # [B, K] -> [B, K, 1] against pixels
 
     # rows (every slot): coverage and the atlas offset of the source row
-    r_lo, r_hi, r_fixed, r_step = _axis(s_top, s_h, s_sh)
-    row_on = on[:, None] & (pix_i[None] >= r_lo[:, None]) & (pix_i[None] < r_hi[:, None])
-    src_row = jnp.clip((r_fixed[:, None] + (pix_i[None] - r_lo[:, None]) * r_step[:, None]) >> 16, 0,
-                       s_sh[:, None] - 1)
-    row_tab = jnp.where(row_on, s_base[:, None] + src_row * s_sw[:, None], 0)
+    r_lo, r_hi, r_fixed, r_step = _materialize_all(*_axis(s_top, s_h, s_sh))
+    s_base, s_sw, s_sh, on = _materialize_all(s_base, s_sw, s_sh, on)
+    row_on = e(on) & (pix_i >= e(r_lo)) & (pix_i < e(r_hi))  # [B, K, 64]
+    src_row = jnp.clip((e(r_fixed) + (pix_i - e(r_lo)) * e(r_step)) >> 16, 0, e(s_sh) - 1)
+    row_tab = jnp.where(row_on, e(s_base) + src_row * e(s_sw), 0)
     # columns of the untiled slots: one image
-    o_left, o_w, o_sw = s_left[k_tiled:], s_w[k_tiled:], s_sw[k_tiled:]
-    c_lo, c_hi, c_fixed, c_step = _axis(o_left, o_w, o_sw)
-    col_on_o = (pix_i[None] >= c_lo[:, None]) & (pix_i[None] < c_hi[:, None])
-    col_o = jnp.clip((c_fixed[:, None] + (pix_i[None] - c_lo[:, None]) * c_step[:, None]) >> 16, 0,
-                     o_sw[:, None] - 1)
+    o_sw = s_sw[:, k_tiled:]
+    c_lo, c_hi, c_fixed, c_step = _materialize_all(*_axis(s_left[:, k_tiled:], s_w[:, k_tiled:], o_sw))
+    col_on_o = (pix_i >= e(c_lo)) & (pix_i < e(c_hi))
+    col_o = jnp.clip((e(c_fixed) + (pix_i - e(c_lo)) * e(c_step)) >> 16, 0, e(o_sw) - 1)
     # columns of the tiled slots: tile_image's tiles of width w / n side by side, each the whole image
-    t_left, t_w, t_h, t_sw = s_left[:k_tiled], s_w[:k_tiled], s_h[:k_tiled], s_sw[:k_tiled]
-    ratio = jnp.asarray(TILE_ASPECT)[s_spr[:k_tiled]]
-    tiles = _tile_count(t_w, t_h, ratio)
-    tw = t_w / tiles
-    c = pix[None]
-    j = jnp.clip(jnp.ceil((c - t_left[:, None]) / tw[:, None]) - 1, 0, tiles[:, None] - 1)
-    j_left = t_left[:, None] + tw[:, None] * j
-    j = jnp.where(c <= j_left, j - 1, jnp.where(c > j_left + tw[:, None], j + 1, j))
-    j_left = t_left[:, None] + tw[:, None] * j
-    col_on_t = (j >= 0) & (j < tiles[:, None]) & (c > j_left) & (c <= j_left + tw[:, None])
-    step_t = _step(tw, t_sw)[:, None]
-    col_t = jnp.clip(jnp.ceil((c - j_left) * step_t).astype(jnp.int32) - 1 >> 16, 0, t_sw[:, None] - 1)
-    col_on = jnp.concatenate([col_on_t, col_on_o])
-    col_tab = jnp.concatenate([col_t, col_o])
+    t_left, t_sw = s_left[:, :k_tiled], s_sw[:, :k_tiled]
+    tiles = _tile_count(s_w[:, :k_tiled], s_h[:, :k_tiled], jnp.asarray(TILE_ASPECT)[s_spr[:, :k_tiled]])
+    tw = s_w[:, :k_tiled] / tiles
+    t_left, tw, tiles, t_step = _materialize_all(t_left, tw, tiles, _step(tw, t_sw))
+    j = jnp.clip(jnp.ceil((pix - e(t_left)) / e(tw)) - 1, 0, e(tiles) - 1)  # the tile at each pixel column
+    j_left = e(t_left) + _rounded(e(tw) * j)  # tile j's left: rect.x() + tile_width * j (a float product)
+    j = jnp.where(pix <= j_left, j - 1, jnp.where(pix > j_left + e(tw), j + 1, j))
+    j_left = e(t_left) + _rounded(e(tw) * j)
+    col_on_t = (j >= 0) & (j < e(tiles)) & (pix > j_left) & (pix <= j_left + e(tw))
+    col_t = jnp.clip(jnp.ceil((pix - j_left) * e(t_step)).astype(jnp.int32) - 1 >> 16, 0, e(t_sw) - 1)
+    col_on_t, col_t, col_on_o, col_o = _materialize_all(col_on_t, col_t, col_on_o, col_o)
+    col_on = jnp.concatenate([col_on_t, col_on_o], 1)
+    col_tab = jnp.concatenate([col_t, col_o], 1)
 
     # per pixel: the last selected slot covering it, from bit masks (bit k: selected slot k, in draw order)
     k_all = k_tiled + k_other
     words = (k_all + 31) // 32
-    pad = words * 32 - k_all
-    bits = jnp.uint32(1) << jnp.arange(32, dtype=jnp.uint32)[None, :, None]
-    def mask(cover):
-        cover = jnp.pad(cover, ((0, pad), (0, 0))).reshape(words, 32, RES).astype(jnp.uint32)
-        return (cover * bits).sum(1, dtype=jnp.uint32)  # [words, 64]
-    row_mask, col_mask = mask(row_on), mask(col_on)
-    owner = jnp.full((RES, RES), k_all, jnp.int32)  # k_all: nothing
+
+    def mask(cover):  # [B, K, 64] -> [words] x [B, 64]
+        cover = cover.astype(jnp.uint32)
+        return [functools.reduce(jnp.bitwise_or, [cover[:, k] << (k - 32 * w) for k in range(32 * w, min(
+            32 * w + 32, k_all))]) for w in range(words)]
+    row_mask, col_mask = _materialize_all(*mask(row_on)), _materialize_all(*mask(col_on))
+    owner = jnp.full((batch, RES, RES), k_all, jnp.int32)  # k_all: nothing (the tables' extra row: atlas[0])
     for w in range(words):
-        m = row_mask[w][:, None] & col_mask[w][None, :]
+        m = row_mask[w][:, :, None] & col_mask[w][:, None, :]
         owner = jnp.where(m != 0, 32 * w + 31 - jax.lax.clz(m).astype(jnp.int32), owner)
-    row_tab = jnp.concatenate([row_tab, jnp.zeros((1, RES), jnp.int32)])
-    col_tab = jnp.concatenate([col_tab, jnp.zeros((1, RES), jnp.int32)])
-    index = row_tab[owner, pix_i[:, None]] + col_tab[owner, pix_i[None, :]]
-    canvas = _blend(canvas, images.atlas[index])
+    row_tab = jnp.pad(row_tab, ((0, 0), (0, 1), (0, 0)))  # [B, k_all + 1, 64]: flattened by the caller (here the
+    col_tab = jnp.pad(col_tab, ((0, 0), (0, 1), (0, 0)))  # flat layout would cost a division per element)
 
     # ---- the agent, last, rotated -90 degrees about its rect's centre (Qt's transformed drawing samples pixel
     # centres): its source column follows the pixel row, its source row the pixel column; rows in a fixed band
     band_lo, band_hi = agent_band(main_width)
     rows = pix[band_lo:band_hi]
     aw, ah = images.width[PLAYER_SPRITE], images.height[PLAYER_SPRITE]
-    a_w, a_h = wid[0], hei[0]
-    ucoord = (a_w / 2 - (rows - (top[0] + a_h / 2))) * (aw.astype(jnp.float32) / a_w)
-    vcoord = ((pix - (left[0] + a_w / 2)) + a_h / 2) * (ah.astype(jnp.float32) / a_h)
-    a_on = alive[0] & (ucoord >= 0)[:, None] & (ucoord < aw)[:, None] & (vcoord >= 0)[None] & (vcoord < ah)[None]
-    a_index = (images.base[PLAYER_SPRITE] + jnp.clip(jnp.floor(ucoord).astype(jnp.int32), 0, aw - 1)[:, None]
-               + jnp.clip(jnp.floor(vcoord).astype(jnp.int32), 0, ah - 1)[None] * aw)
-    band = canvas[band_lo:band_hi]
-    band = _blend(band, jnp.where(a_on, images.atlas[a_index], jnp.uint32(0)))
-    canvas = jnp.concatenate([canvas[:band_lo], band, canvas[band_hi:]])
+    a_w, a_h, a_top, a_left = wid[:, :1], hei[:, :1], top[:, :1], left[:, :1]
+    ucoord = (a_w / 2 - (rows - (a_top + a_h / 2))) * (aw.astype(jnp.float32) / a_w)  # [B, band]
+    vcoord = ((pix - (a_left + a_w / 2)) + a_h / 2) * (ah.astype(jnp.float32) / a_h)  # [B, 64]
+    u_on, v_on = alive[:, :1] & (ucoord >= 0) & (ucoord < aw), (vcoord >= 0) & (vcoord < ah)
+    u = images.base[PLAYER_SPRITE] + jnp.clip(jnp.floor(ucoord).astype(jnp.int32), 0, aw - 1)
+    v_col = jnp.clip(jnp.floor(vcoord).astype(jnp.int32), 0, ah - 1) * aw
+    agent_index = jnp.where(u_on[..., None] & v_on[:, None, :], u[..., None] + v_col[:, None, :], 0)
+    return (row_index, jnp.stack(special_at), jnp.stack(special_rows), row_tab, col_tab, owner.astype(jnp.uint8),
+            agent_index)
+
+
+def _compose(canvas, objects, agent, special_at, special_rows, main_width: int):
+    """The pixels: the background rows, the level-edge rows, the entities, the agent; uint8 RGB (vectorised)."""
+    pix_i = jnp.arange(RES, dtype=jnp.int32)
+    for at, row in zip(special_at, special_rows):
+        canvas = jnp.where((pix_i == at[:, None])[..., None], row[:, None, :], canvas)
+    canvas = _blend(canvas, objects)
+    band_lo, band_hi = agent_band(main_width)
+    band = _blend(canvas[:, band_lo:band_hi], agent)
+    canvas = jnp.concatenate([canvas[:, :band_lo], band, canvas[:, band_hi:]], 1)
     return jnp.stack([(canvas >> 16) & 0xFF, (canvas >> 8) & 0xFF, canvas & 0xFF], -1).astype(jnp.uint8)
+
+
+def _render_batch(images: FrameImages, x, y, rx, ry, sprite, alive, background, main_width: int,
+                  main_height: int) -> jax.Array:
+    """render for a batch: x ... alive [B, N], background [B] -> uint8 [B, 64, 64, 3]. Written batched (not vmapped)
+    so that its lookups are flat gathers, in three parts that XLA keeps apart (_stage): the geometry (vectorised),
+    the gathers alone, then the blending (vectorised)."""
+    pred = jnp.isfinite(x[0, 0])  # a NaN agent position: zero frames
+    (row_index, special_at, special_rows, row_tab, col_tab, owner, agent_index) = _stage(
+        pred, functools.partial(_geometry, main_width=main_width, main_height=main_height), images, x, y, rx, ry,
+        sprite, alive, background)
+    canvas = images.rows[row_index]  # [B, 64, 64]
+    batch, tab_len = x.shape[0], row_tab.shape[1]
+    at = (jnp.arange(batch)[:, None, None] * tab_len + owner.astype(jnp.int32)) * RES  # the owner's table row
+    pix = jnp.arange(RES)
+    objects = images.atlas[row_tab.reshape(-1)[at + pix[:, None]] + col_tab.reshape(-1)[at + pix[None, :]]]
+    agent = images.atlas[agent_index]
+    return _stage(pred, functools.partial(_compose, main_width=main_width), canvas, objects, agent, special_at,
+                  special_rows)
+
+
+@functools.lru_cache(maxsize=None)
+def _renderer(main_width: int, main_height: int):
+    """render for one level size: one env's frame, whose vmap (any depth) runs _render_batch on the whole batch."""
+    _oob_offset(main_width), _view(main_width, main_height)  # unsupported sizes fail here, at trace time
+
+    def spread(axis_size, in_batched, arrays):
+        images_batched, *batched = in_batched
+        if any(jax.tree.leaves(images_batched)):
+            raise NotImplementedError("render: the images must be the same for every env (not vmapped)")
+        return [a if b else jnp.broadcast_to(a, (axis_size,) + a.shape) for a, b in zip(arrays, batched)]
+
+    @jax.custom_batching.custom_vmap
+    def batched(images, *arrays):  # arrays with a leading batch axis
+        return _render_batch(images, *arrays, main_width, main_height)
+
+    @batched.def_vmap
+    def _(axis_size, in_batched, images, *arrays):  # a vmap over a vmap: one batch of all
+        arrays = spread(axis_size, in_batched, arrays)
+        lead = arrays[0].shape[:2]
+        out = batched(images, *(a.reshape((-1,) + a.shape[2:]) for a in arrays))
+        return out.reshape(lead + out.shape[1:]), True
+
+    @jax.custom_batching.custom_vmap
+    def single(images, *arrays):
+        return batched(images, *(a[None] for a in arrays))[0]
+
+    @single.def_vmap
+    def _(axis_size, in_batched, images, *arrays):
+        return batched(images, *spread(axis_size, in_batched, arrays)), True
+
+    return single
+
+
+def render(images: FrameImages, x, y, rx, ry, sprite, alive, background, main_width: int,
+           main_height: int) -> jax.Array:
+    """Fruitbot's 64x64x3 uint8 observation as procgen draws it (see the notes above), for one env; vmap it (any
+    depth of vmaps runs one batched program).
+
+    x, y, rx, ry: float32 [N] entity centres and half extents (world units, y up); sprite: int32 [N] sprite ids;
+    alive: bool [N]; background: int32 index into BACKGROUND_FILES; slot 0 is the agent (drawn last, rotated -90
+    degrees, half-size AGENT_R), the others are drawn in slot order. main_width (one of MAIN_WIDTHS) and main_height:
+    the level's size (static ints). Drawn: the first max_visible(main_width) live barriers/doors in view, then the
+    first of the rest, one image per pixel (the last slot covering it: where two overlap, which procgen's levels
+    avoid but for a key flying over a locked door or a fruit, the lower one is not drawn under the upper one's
+    transparent pixels)."""
+    arrays = (jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32), jnp.asarray(rx, jnp.float32),
+              jnp.asarray(ry, jnp.float32), jnp.asarray(sprite, jnp.int32), jnp.asarray(alive, bool),
+              jnp.asarray(background, jnp.int32))
+    return _renderer(int(main_width), int(main_height))(images, *arrays)
