@@ -396,3 +396,22 @@ def test_bad_input_gets_one_line(call, message):
     with pytest.raises(ConfigError) as error:
         call()
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_paper_games_never_show_more_than_the_renderer_draws():
+    """render draws a fixed number of slots in view (fruitbot_frame.max_visible); over the paper's training and test
+    levels (200 per task), with the agent at every height, the slots in view stay within it (with room to spare)."""
+    env = fj.FruitbotJax("paper")
+    params = env.make_params(np.concatenate([fj.TRAIN_TASKS, fj.TEST_TASKS]), num_levels=200)
+    pool = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), params.pool)  # [levels, N]
+    heights = jnp.arange(0.4, env.config.main_height, 0.25)
+
+    def most(y, ry, sprite, alive):
+        counts = jax.vmap(lambda h: fj.frame.count_visible(y.at[0].set(h), ry, sprite, alive, 10))(heights)
+        return counts[0].max(), counts[1].max()
+
+    tiled, others = jax.jit(jax.vmap(most))(pool.y, pool.ry, pool.sprite, pool.alive)
+    limit = fj.frame.max_visible(env.config.main_width)
+    print(f"\npaper levels: at most {int(tiled.max())} tiled and {int(others.max())} other slots in view "
+          f"(render draws {limit})")
+    assert int(tiled.max()) <= limit[0] and int(others.max()) <= limit[1] - 5
