@@ -360,33 +360,33 @@ def next_states(core, render, seq: Sequence, states, args):
 # =====================================================================================================================
 # n-step targets, priorities and the MSFA losses
 # =====================================================================================================================
-def n_step_targets(rewards, values, continues, n: int, gamma: float, terminal_at_end: bool = False):
+def n_step_targets(rewards, values, continues, n: int, gamma: float, terminal_at_end=False):
     """Truncated n-step targets for the T-1 transitions of a sequence of T steps.
 
     rewards [T-1, ...]: reward (or cumulant) of transition t (step t -> t+1).
     values [T, ...]: bootstrap value of each step.
     continues [T-1]: step t+1 is in the same episode as step t.
+    terminal_at_end: bool, or bool [T-1]: where transition t ends its episode, whether by termination.
     G_t = sum_{i<m} gamma^i rewards[t+i] + gamma^m values[t+m], with m = min(n, the steps left in t's episode
-    within the sequence). Transition t is valid if m >= 1; the last transition of an episode (its next observation
-    was never seen: the time limit is a truncation) has m = 0 and is masked. Returns (targets, valid).
-    terminal_at_end (the original's "time limit = termination"): the episode's last transition counts too, and a
-    return that reaches the episode's end sums its rewards up to and including that transition and bootstraps
-    nothing; every transition is valid.
+    within the sequence). An episode that ends by truncation (a time limit) never saw its next observation: its last
+    transition has m = 0 and is masked. One that ends by termination (the env's terminal events; every end with
+    --time-limit-is-termination, the original's) learns its last transition too: a return reaching that end sums the
+    rewards up to and including it and bootstraps nothing. Returns (targets, valid).
     """
     num = rewards.shape[0]
     extra = (None,) * (rewards.ndim - 1)
     pad = lambda x: jnp.concatenate([x, jnp.zeros((n,) + x.shape[1:], x.dtype)])  # noqa: E731
-    rewards_p, continues_p = pad(rewards), pad(continues.astype(bool))
+    terminal = jnp.broadcast_to(jnp.asarray(terminal_at_end, bool), (num,))
+    rewards_p, continues_p, terminal_p = pad(rewards), pad(continues.astype(bool)), pad(terminal)
     t = jnp.arange(num)
     total = jnp.zeros_like(rewards)
     discount = jnp.ones(num, rewards.dtype)
     boot = t
     alive = jnp.ones(num, bool)  # transition t + i belongs to t's episode
-    ended = jnp.zeros(num, bool)  # the return reached the episode's end (terminal_at_end only)
+    ended = jnp.zeros(num, bool)  # the return reached its episode's terminal end
     for i in range(n):
-        counted = alive & (t + i < num)
-        if not terminal_at_end:  # a transition counts only if its next observation was seen
-            counted = counted & continues_p[t + i]
+        # a transition counts if its next observation was seen, or if it ended the episode by termination
+        counted = alive & (t + i < num) & (continues_p[t + i] | terminal_p[t + i])
         total = total + jnp.where(counted, discount, 0.0)[(...,) + extra] * rewards_p[t + i]
         discount = jnp.where(counted, discount * gamma, discount)
         boot = jnp.where(counted, t + i + 1, boot)

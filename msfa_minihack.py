@@ -427,10 +427,10 @@ def n_step_targets(rewards, values, continues, n: int, gamma: float, terminal_at
     continues [T-1]: step t+1 is in the same episode as step t.
     terminal_at_end: bool, or bool [T-1]: where transition t ends its episode, whether by termination.
     G_t = sum_{i<m} gamma^i rewards[t+i] + gamma^m values[t+m], with m = min(n, the steps left in t's episode
-    within the sequence). An episode that ends by truncation (the time limit) never saw its next observation: its
-    last transition has m = 0 and is masked. One that ends by termination (the stairs, or a death)
-    learns its last transition too: a return reaching that end sums the rewards up to and including it and
-    bootstraps nothing. Returns (targets, valid).
+    within the sequence). An episode that ends by truncation (a time limit) never saw its next observation: its last
+    transition has m = 0 and is masked. One that ends by termination (the env's terminal events; every end with
+    --time-limit-is-termination, the original's) learns its last transition too: a return reaching that end sums the
+    rewards up to and including it and bootstraps nothing. Returns (targets, valid).
     """
     num = rewards.shape[0]
     extra = (None,) * (rewards.ndim - 1)
