@@ -42,7 +42,7 @@ from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_c
 
 
 # =====================================================================================================================
-# Arguments: defaults are the paper's BabyAI settings (../shared/reference/protocol.md sections 4-5)
+# Arguments: defaults are the paper's BabyAI settings (docs/protocol.md)
 # =====================================================================================================================
 @dataclass
 class Args:

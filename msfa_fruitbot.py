@@ -50,7 +50,7 @@ from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_c
 
 
 # =====================================================================================================================
-# Arguments: defaults are the paper's Fruitbot settings (../shared/reference/protocol.md sections 2, 4-5)
+# Arguments: defaults are the paper's Fruitbot settings (docs/protocol.md)
 # =====================================================================================================================
 @dataclass
 class Args:

@@ -54,7 +54,7 @@ from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, fo
 
 
 # =====================================================================================================================
-# Arguments: defaults are the paper's MiniHack settings (../shared/reference/protocol.md sections 3-5)
+# Arguments: defaults are the paper's MiniHack settings (docs/protocol.md)
 # =====================================================================================================================
 @dataclass
 class Args:

@@ -23,7 +23,7 @@ returned with an ending step is the next episode's first (with final_view=True, 
 view the ending step led to). The task is drawn uniformly from `tasks` at every episode start. The reward is w . phi: no completion bonus
 and no -4 food penalty (the original's patched games did the same).
 
-Differences from the original's setting (`../shared/reference/protocol.md` section 2): the original patched the
+Differences from the original's setting (docs/protocol.md, docs/fruitbot.md): the original patched the
 C++ game, ran easy mode (levels 10 wide, only 2 of each category's 3 types ever appear) with levels 90 rows tall
 and per-task object lists. Hard mode here has every type, levels 20 wide and 60 tall with more barrier rows, and
 locked doors that need the fire action. `distribution_mode="easy"` is kept as an option to study the difference

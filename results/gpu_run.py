@@ -66,7 +66,7 @@ METHODS = {  # per env, in the order the paper's claims need them: name -> scrip
         "uvfa": "uvfa.py --env fruitbot",
         "mvfa": "uvfa.py --env fruitbot --modular",
     },
-    # USFA with hand-designed cumulants has no phi here (protocol.md §3); each seed's 32 envs step in 8 worker
+    # USFA with hand-designed cumulants has no phi here (docs/protocol.md); each seed's 32 envs step in 8 worker
     # processes (the lent GPU machine has 16 cores; in one process they step one seed at a time on one core)
     "minihack": {
         "msfa": "msfa_minihack.py --env-workers 8",
