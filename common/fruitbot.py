@@ -23,11 +23,10 @@ returned with an ending step is the next episode's first (with final_view=True, 
 view the ending step led to). The task is drawn uniformly from `tasks` at every episode start. The reward is w . phi: no completion bonus
 and no -4 food penalty (the original's patched games did the same).
 
-Differences from the original's setting (docs/protocol.md, docs/fruitbot.md): the original patched the
-C++ game, ran easy mode (levels 10 wide, only 2 of each category's 3 types ever appear) with levels 90 rows tall
-and per-task object lists. Hard mode here has every type, levels 20 wide and 60 tall with more barrier rows, and
-locked doors that need the fire action. `distribution_mode="easy"` is kept as an option to study the difference
-(its 4 types then fall into C1 and C3 only).
+This is the scripts' `--env-backend procgen`: stock procgen, hard (the default here) or easy mode. The scripts'
+default is the JAX game (common/fruitbot_jax.py), which also plays the original's per-task games (easy mode, levels
+10 wide and 90 tall, per-task object lists: docs/fruitbot.md) that stock procgen cannot; the tests prove the JAX
+game's stock modes against this procgen state by state.
 """
 
 from __future__ import annotations
