@@ -16,9 +16,11 @@ tasks: argmax_a max_z psi(s, a, z) . w_test.
 The file reads top to bottom as the whole algorithm: arguments (the paper's settings for --env as defaults), the
 environment, the network and its Q/GPI heads, replay items, the recurrent unroll, n-step targets and the losses,
 acting, the jitted training program, evaluation, and main (see msfa_babyai.py for the shape of the program). One
-training loop serves every environment: BabyAI is JAX and steps inside the jitted chunk; Fruitbot (procgen) and
-MiniHack (NLE) run on the host and step from inside the same chunk through io_callback (as msfa_fruitbot.py and
-msfa_minihack.py; benchmarks/host_env.py). MiniHack's rooms define no cumulants, so there USFA only learns them.
+training loop serves every environment: BabyAI and, by default, Fruitbot are JAX and step inside the jitted chunk
+(Fruitbot: common/fruitbot_jax.py, the original's per-task games with --distribution-mode paper, as msfa_fruitbot.py);
+MiniHack (NLE), and Fruitbot with --env-backend procgen (stock hard or easy), run on the host and step from inside the
+same chunk through io_callback (as msfa_minihack.py; benchmarks/host_env.py). MiniHack's rooms define no cumulants, so
+there USFA only learns them.
 
     python usfa.py --seed 3                         # USFA, hand-designed cumulants
     python usfa.py --learned-cumulants --seed 3     # USFA with learned cumulants
@@ -42,7 +44,7 @@ import numpy as np
 import optax
 from jax.experimental import io_callback
 
-from common import babyai, fruitbot, minihack
+from common import babyai, fruitbot, fruitbot_jax, minihack
 from common.babyai import EnvParams, GotoAvoid, Observation, make_params
 from common.gpi import gpi_values
 from common.networks import MLP, LSTMCore, count_params, oar_vector, scan_with_weight_grad_after
@@ -98,7 +100,8 @@ class Args:
     """feed int32(w) to the agent as the original code did ([1,1,.5,.5] became [1,1,0,0]); rewards use float w"""
     time_limit_is_termination: bool = False
     """the original's time limit: an episode's last transition is learned as a terminal one (no bootstrap) instead
-    of being masked; learned cumulants then need the final view, which replay stores"""
+    of being masked; learned cumulants then need the final view, which replay stores (on Fruitbot the next level's
+    first frame stands for it, see next_states)"""
     learner_unroll: int = 1
     """speed only: recurrent steps per loop iteration of the learner's unroll (lax.scan's unroll); the gradients
     are the same up to float rounding (benchmarks/sgd_variants.py measures what pays on a device)"""
@@ -113,11 +116,19 @@ class Args:
 
     env: str = "babyai"
     """environment: babyai, fruitbot or minihack (the defaults marked "default: ..." follow it)"""
-    distribution_mode: str = "hard"
-    """Fruitbot: procgen's mode (hard: all 12 object types; easy: the original's, 4 types)"""
+    distribution_mode: str = "paper"
+    """Fruitbot: the game: "paper" (the original's per-task games: easy mode, levels 90 tall, each task its own object
+    lists, no completion bonus; JAX only), or stock procgen's "hard" (all 12 object types, doors) or "easy" (4 types)"""
+    env_backend: str = "jax"
+    """Fruitbot: "jax": the game in JAX inside the jitted program (common/fruitbot_jax.py); "procgen": stock procgen on
+    the host through io_callback (hard or easy only)"""
     train_levels: int | None = None
-    """Fruitbot, MiniHack: training levels come from level seeds 0..train_levels-1 (0: unrestricted; default: 200 on
-    Fruitbot and MiniHack's small room, 1000 in the large room)"""
+    """Fruitbot, MiniHack: training levels: level seeds 0..train_levels-1 (procgen, MiniHack), or with Fruitbot's JAX
+    backend a pool of that many levels per task drawn once from key 0 (the same for every seed, as procgen's); 0: a
+    fresh level every time (default: 200 on Fruitbot and MiniHack's small room, 1000 in the large room)"""
+    eval_levels: int = 1_000
+    """Fruitbot, JAX: evaluation levels per task, a pool drawn from another key than the training levels (0: a fresh
+    level every time, slower); procgen evaluates on unrestricted levels"""
     max_levels: int = fruitbot.MAX_LEVELS
     """Fruitbot: levels per episode (lifetime)"""
     room_size: str = "5x5"
@@ -206,13 +217,22 @@ PAPER_SETTINGS = {
 }
 ENVS = {"babyai": babyai, "fruitbot": fruitbot, "minihack": minihack}
 TORSOS = {"babyai": "dqn", "fruitbot": "impala", "minihack": "impala"}
-HOST_ENVS = ("fruitbot", "minihack")  # C++/C games stepped on the host through io_callback
+LEVEL_ENVS = ("fruitbot", "minihack")  # games of levels, frames and whole-number tasks (BabyAI has none of them)
 GPI_SUPPORTS = ("train", "test")
+DISTRIBUTION_MODES = ("paper", "hard", "easy")
+ENV_BACKENDS = ("jax", "procgen")
+JAX_GAMES = {"paper": "paper", "hard": "stock-hard", "easy": "stock-easy"}  # --distribution-mode -> fruitbot_jax
 
 
 def env_module(args: Args):
     """common.babyai, common.fruitbot or common.minihack: the env's actions and tasks."""
     return ENVS[args.env]
+
+
+def on_host(args: Args) -> bool:
+    """Whether the env steps on the host, from inside the jitted chunk through io_callback: MiniHack (NLE), and
+    Fruitbot with --env-backend procgen (C++); BabyAI and Fruitbot's JAX game step inside the program."""
+    return args.env == "minihack" or (args.env == "fruitbot" and args.env_backend == "procgen")
 
 
 def check_args(args: Args) -> None:
@@ -223,19 +243,25 @@ def check_args(args: Args) -> None:
     require_positive(args, "env_workers")
     require(args.env == "minihack" or args.env_workers == 1, f"--env-workers is a MiniHack setting ({args.env}'s envs "
                                                              f"step in this process)")
-    if args.env in HOST_ENVS:
+    if args.env in LEVEL_ENVS:
         require(not args.truncate_task_input, f"--truncate-task-input is a BabyAI setting ({args.env} tasks are whole "
                                               f"numbers)")
         require_non_negative(args, "train_levels")
     require(args.env != "minihack" or args.learned_cumulants, "USFA with hand-designed cumulants has no phi on "
                                                               "MiniHack (its rooms define none): add --learned-cumulants")
     if args.env == "fruitbot":
-        require(args.distribution_mode in fruitbot.DISTRIBUTION_MODES, f"--distribution-mode must be one of "
-                f"{', '.join(fruitbot.DISTRIBUTION_MODES)}, got {args.distribution_mode!r}")
+        require(args.distribution_mode in DISTRIBUTION_MODES, f"--distribution-mode must be one of "
+                f"{', '.join(DISTRIBUTION_MODES)}, got {args.distribution_mode!r}")
+        require(args.env_backend in ENV_BACKENDS,
+                f"--env-backend must be one of {', '.join(ENV_BACKENDS)}, got {args.env_backend!r}")
+        require(args.env_backend == "jax" or args.distribution_mode != "paper",
+                "--distribution-mode paper (the original's per-task games) runs only with --env-backend jax; procgen "
+                "plays stock hard or easy")
+        require_non_negative(args, "eval_levels")
         require_positive(args, "max_levels")
     require(args.gpi_support in GPI_SUPPORTS, f"--gpi-support must be one of {', '.join(GPI_SUPPORTS)}, got "
                                               f"{args.gpi_support!r}")
-    require(args.env in HOST_ENVS or args.gpi_support == "train", "--gpi-support test is the original's Fruitbot "
+    require(args.env in LEVEL_ENVS or args.gpi_support == "train", "--gpi-support test is the original's Fruitbot "
                                                                   "evaluator; BabyAI's GPI is over the train tasks")
     require_positive(args, "num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every",
                      "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
@@ -351,7 +377,7 @@ class Step(NamedTuple):
     reward: jax.Array  # float32, received for action
     phi: jax.Array  # float32 [C], the env's cumulant of the same transition: reward = phi . w (MiniHack: none, 0)
     final_obs: jax.Array  # the view the action led to where it ended the episode (kept, for the learned cumulant of
-    #                       that transition, on MiniHack and with --time-limit-is-termination; else [0])
+    #                       that transition, on MiniHack and with --time-limit-is-termination, not on Fruitbot; else [0])
     terminal: jax.Array  # bool: action ended the episode by termination (Fruitbot: a barrier or the last level;
     #                      MiniHack: the stairs or a death)
 
@@ -416,17 +442,20 @@ def unroll_online_and_target(core, target_core, render, seq: Sequence, args: Arg
 
 def keeps_final_view(args) -> bool:
     """Whether replay stores the view that ends an episode (see Step.final_obs): learned cumulants need it where
-    episodes end by termination, which MiniHack's do (the stairs, deaths), and with --time-limit-is-termination."""
-    return args.learned_cumulants and (args.time_limit_is_termination or args.env == "minihack")
+    episodes end by termination, which MiniHack's do (the stairs, deaths), and with --time-limit-is-termination.
+    Fruitbot stores none: its ended episodes read the next level's first frame instead (next_states), on either
+    backend, as msfa_fruitbot.py does."""
+    return args.learned_cumulants and args.env != "fruitbot" and (args.time_limit_is_termination
+                                                                   or args.env == "minihack")
 
 
 def next_states(core, render, seq: Sequence, states, args, maps=None):
     """h_{t+1} [T-1, ...] of each transition t, for its learned cumulant phi(h_{t+1}, h_t): the next step's state;
     with --time-limit-is-termination, where the episode ended at t, the state after its final view instead (the
     next step belongs to another episode; without the flag that transition is masked; MiniHack's terminations always
-    use it). Fruitbot: procgen renders
-    the next level before it returns, so where an episode ended, that first frame (maps[t+1]) read with the state
-    carried on stands for the final view, as in the original; only terminal transitions use it."""
+    use it). Fruitbot: procgen (and the JAX game, which resets alike) renders the next level before it returns, so
+    where an episode ended, that first frame (maps[t+1]) read with the state carried on stands for the final view, as
+    in the original and msfa_fruitbot.py; only terminal transitions use it."""
     h_next = states[0][1:]
     s = seq.steps
     if args.env == "fruitbot":
@@ -624,7 +653,7 @@ def measures_cumulants(args: Args) -> bool:
 # =====================================================================================================================
 class Actor(NamedTuple):
     """Per-env acting state."""
-    env_state: object  # BabyAI: the JAX env's state; Fruitbot, MiniHack: the seed's index (envs live on the host)
+    env_state: object  # JAX envs (BabyAI, Fruitbot): their states; host envs: the seed's index (envs live on the host)
     obs: Observation  # (image, w)
     prev_action: jax.Array
     prev_reward: jax.Array
@@ -648,8 +677,9 @@ class TrainState(NamedTuple):
 
 class Setup(NamedTuple):
     """Everything static a run needs, built once from Args."""
-    env: GotoAvoid | list  # BabyAI: the JAX env; Fruitbot, MiniHack: one vectorised host env per seed
-    env_params: object  # BabyAI's EnvParams (None on host envs)
+    env: object  # BabyAI: GotoAvoid; Fruitbot: fruitbot_jax.FruitbotJax; host envs: one vectorised host env per seed
+    env_params: object  # the JAX env's EnvParams (Fruitbot's: the training tasks and their level pools; None on host
+    #                     envs)
     render: object  # stored observation -> RGB (BabyAI and MiniHack draw theirs; Fruitbot stores frames)
     static: object  # the network's non-array parts (eqx.partition)
     optimizer: optax.GradientTransformation
@@ -658,11 +688,12 @@ class Setup(NamedTuple):
 
 
 def make_network(args: Args, key) -> USFANetwork:
-    return USFANetwork(args, env_module(args).TASK_DIM if args.env in HOST_ENVS else babyai.NUM_CATEGORIES, key)
+    return USFANetwork(args, env_module(args).TASK_DIM if args.env in LEVEL_ENVS else babyai.NUM_CATEGORIES, key)
 
 
 def make_host_env(args: Args, num_envs: int, seed: int, tasks=None, num_levels: int | None = None, task_of_env=None):
-    """num_envs Fruitbot lifetimes or MiniHack episodes stepped together on the host (tasks: the train tasks)."""
+    """num_envs Fruitbot lifetimes (procgen) or MiniHack episodes stepped together on the host (tasks: the train
+    tasks)."""
     tasks = env_module(args).TRAIN_TASKS if tasks is None else tasks
     num_levels = args.train_levels if num_levels is None else num_levels
     if args.env == "minihack":
@@ -678,13 +709,17 @@ HOST_OBS = {"fruitbot": "image", "minihack": "tiles"}
 
 def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
     """seeds: whose host training envs to build (none: a setup for the network, losses and evaluation only)."""
-    if args.env in HOST_ENVS:
+    if on_host(args):
         env, env_params = [make_host_env(args, args.num_envs, seed) for seed in seeds or []], None
         if args.env == "minihack":
             tile_images = jnp.asarray(minihack.tile_set()[0])
             render = partial(minihack.render, tile_images=tile_images)
         else:
             render = lambda image: image  # noqa: E731  (Fruitbot stores frames)
+    elif args.env == "fruitbot":
+        env = fruitbot_jax.FruitbotJax(JAX_GAMES[args.distribution_mode], max_levels=args.max_levels)
+        env_params = env.make_params(fruitbot.TRAIN_TASKS, num_levels=args.train_levels, seed=0)
+        render = lambda image: image  # noqa: E731  (Fruitbot stores frames)
     else:
         env = GotoAvoid(obs_mode="symbolic", truncate_task_input=args.truncate_task_input)
         env_params, render = make_params(babyai.TRAIN_TASKS), env.rgb_from_symbolic
@@ -701,10 +736,11 @@ def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
 
 
 def fresh_actors(setup: Setup, args: Args, k_env, k_eps, seed_index: int = 0) -> Actor:
-    """Every env of one seed at the start of a new episode. BabyAI resets in JAX (jittable); Fruitbot and MiniHack
-    reset the seed's host envs (at the start of a run, and on resume: host envs are not in the checkpoint)."""
+    """Every env of one seed at the start of a new episode. JAX envs (BabyAI, Fruitbot) reset in JAX (jittable); host
+    envs reset the seed's envs on the host (at the start of a run, and on resume: host envs are not in the
+    checkpoint)."""
     e = args.num_envs
-    if args.env in HOST_ENVS:
+    if on_host(args):
         reset = setup.env[seed_index].reset()
         obs = Observation(jnp.asarray(reset[HOST_OBS[args.env]]), jnp.asarray(reset["w"]))
         env_state = jnp.int32(seed_index)
@@ -755,9 +791,9 @@ def make_sequences(steps: Step, actors: Actor, start_rnn, args: Args) -> Sequenc
 def host_step(setup: Setup, args: Args, seed_index, action, observation):
     """Step one seed's host envs from inside the jitted program (jax.experimental.io_callback). Under the seed vmap
     JAX runs the callback once per seed, in turn; the actions of step t+1 depend on its observations, so the calls
-    of one seed stay in order. Returns (obs, w, reward, terminated, truncated, phi, final view): Fruitbot gives its
-    cumulants and no final view (procgen shows the next level's first frame instead); MiniHack gives the crop the
-    step led to and no cumulants (zeros)."""
+    of one seed stay in order. Returns (obs, w, reward, terminated, truncated, phi, final view): Fruitbot (procgen)
+    gives its cumulants and no final view (keeps_final_view); MiniHack gives the crop the step led to and no
+    cumulants (zeros)."""
     e, c = args.num_envs, env_module(args).TASK_DIM
     view = jax.ShapeDtypeStruct(observation.shape, observation.dtype)
     final_view = view if keeps_final_view(args) else jax.ShapeDtypeStruct((e, 0), observation.dtype)
@@ -766,8 +802,8 @@ def host_step(setup: Setup, args: Args, seed_index, action, observation):
         obs, reward, terminated, truncated, info = setup.env[int(seed_index)].step(np.asarray(action))
         if args.env == "minihack":
             phi, final = np.zeros((e, c), np.float32), info["final_tiles"]
-        else:  # procgen has reset an ended level before it renders: its first frame stands for the final view
-            phi, final = info["phi"], obs["image"]
+        else:  # Fruitbot: next_states reads the next level's first frame instead of a final view
+            phi, final = info["phi"], None
         final = final if keeps_final_view(args) else np.zeros(final_view.shape, final_view.dtype)
         return obs[HOST_OBS[args.env]], obs["w"], reward, terminated, truncated, phi, final
 
@@ -788,11 +824,11 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     q = jax.vmap(partial(q_values, net))(rnn[0], actors.obs.w)
     explore = jax.random.uniform(k_explore, (e,)) < actors.epsilon
     action = jnp.where(explore, jax.random.randint(k_action, (e,), 0, net.num_actions), jnp.argmax(q, -1))
-    if args.env in HOST_ENVS:
+    if on_host(args):
         image, w, reward, terminated, truncated, phi, final_image = host_step(setup, args, actors.env_state, action,
                                                                                actors.obs.image)
         obs, env_state = Observation(image, w), actors.env_state
-    else:  # BabyAI's episodes end by their time limit only
+    else:  # the JAX envs: BabyAI (its episodes end by their time limit only) and Fruitbot (info["phi"]: exact)
         obs, env_state, reward, terminated, truncated, info = jax.vmap(setup.env.step, (0, 0, 0, None))(
             jax.random.split(k_env, e), actors.env_state, action, setup.env_params)
         phi, final_image = info["phi"], info["final_image"]
@@ -888,11 +924,14 @@ def eval_tasks(args: Args) -> np.ndarray:
 
 def make_evaluate(setup: Setup, args: Args, tasks=None):
     """evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params, on the train and test
-    tasks (or any task vectors: results/evaluate.py). BabyAI: one jitted program; Fruitbot and MiniHack: greedy
-    episodes on unrestricted levels, the network acting for all (task, episode) envs at once, the envs on the host."""
+    tasks (or any task vectors: results/evaluate.py). BabyAI and Fruitbot's JAX game: one jitted program; host envs
+    (MiniHack, Fruitbot on procgen): greedy episodes on unrestricted levels, the network acting for all (task,
+    episode) envs at once, the envs on the host."""
     tasks = eval_tasks(args) if tasks is None else tasks
-    if args.env in HOST_ENVS:
+    if on_host(args):
         return make_host_evaluate(setup, args, tasks)
+    if args.env == "fruitbot":
+        return make_jax_evaluate(setup, args, np.asarray(tasks, np.float32), gpi_policies(args))
     env = setup.env
     policies = jnp.asarray(babyai.TRAIN_TASKS)
 
@@ -928,9 +967,55 @@ def make_evaluate(setup: Setup, args: Args, tasks=None):
     return evaluate
 
 
-def make_host_evaluate(setup: Setup, args: Args, tasks):
+def gpi_policies(args: Args):
+    """The policies z GPI maximises over at evaluation (--gpi-support): the env's train or test tasks."""
     env_tasks = env_module(args)
-    policies = jnp.asarray(env_tasks.TRAIN_TASKS if args.gpi_support == "train" else env_tasks.TEST_TASKS)
+    return jnp.asarray(env_tasks.TRAIN_TASKS if args.gpi_support == "train" else env_tasks.TEST_TASKS)
+
+
+def make_jax_evaluate(setup: Setup, args: Args, tasks: np.ndarray, policies):
+    """Fruitbot's JAX backend's evaluate(params, key): every (task, episode) is one env on the evaluation levels, all
+    played greedily in one jitted loop until each has finished one lifetime."""
+    env, e = setup.env, args.eval_episodes
+    eval_params = env.make_params(tasks, num_levels=args.eval_levels, seed=1)  # key 1: not the training levels
+    n = len(tasks) * e
+    task_of_env = jnp.repeat(jnp.arange(len(tasks)), e)
+    max_steps = args.max_levels * fruitbot_jax.TIMEOUT
+
+    @partial(jax.jit, static_argnames="use_gpi")
+    def play(params, key, use_gpi: bool):
+        net = eqx.combine(params, setup.static)
+        k_reset, key = jax.random.split(key)
+        obs, env_state = jax.vmap(env.reset_to, (0, 0, None))(jax.random.split(k_reset, n), task_of_env, eval_params)
+        rnn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), net.core.initial_state())
+
+        def body(carry):
+            t, key, obs, env_state, rnn, prev_action, prev_reward, returns, running = carry
+            key, k_step = jax.random.split(key)
+            rnn = jax.vmap(partial(core_step, net.core))(obs.image, prev_action, prev_reward, rnn)
+            if use_gpi:
+                q = jax.vmap(lambda h, w: gpi_q_values(net, h, w, policies))(rnn[0], obs.w)
+            else:
+                q = jax.vmap(partial(q_values, net))(rnn[0], obs.w)
+            action = jnp.argmax(q, -1)
+            obs, env_state, reward, terminated, truncated, _ = jax.vmap(env.step, (0, 0, 0, None))(
+                jax.random.split(k_step, n), env_state, action, eval_params)
+            returns = returns + jnp.where(running, reward, 0.0)
+            running = running & ~(terminated | truncated)
+            return t + 1, key, obs, env_state, rnn, action, reward, returns, running
+
+        carry = (0, key, obs, env_state, rnn, jnp.zeros(n, jnp.int32), jnp.zeros(n), jnp.zeros(n), jnp.ones(n, bool))
+        carry = jax.lax.while_loop(lambda c: c[-1].any() & (c[0] < max_steps), body, carry)
+        return carry[-2].reshape(len(tasks), e)
+
+    def evaluate(params, key):
+        return np.stack([np.asarray(play(params, key, use_gpi=g == 1)) for g in GPI_SETTINGS])
+
+    return evaluate
+
+
+def make_host_evaluate(setup: Setup, args: Args, tasks):
+    policies = gpi_policies(args)
     tasks = np.asarray(tasks, np.float32)
 
     @partial(jax.jit, static_argnames="use_gpi")
@@ -993,7 +1078,7 @@ def eval_rows(evaluate, params, seeds: list[int], step: int, args: Args) -> list
 @exit_on_config_error
 def main(args: Args) -> None:
     check_args(args)
-    if args.env in HOST_ENVS:
+    if args.env in LEVEL_ENVS:
         check_memory(args)
     per_iteration = steps_per_iteration(args)
     total_iterations = -(-args.total_timesteps // per_iteration)  # at least --total-timesteps
@@ -1003,14 +1088,14 @@ def main(args: Args) -> None:
     setup = make_setup(args, seeds)
     keys = jnp.stack([jax.random.PRNGKey(s) for s in seeds])
 
-    def host_actors():  # host envs reset on the host, one seed at a time
+    def actors_of_every_seed():  # each seed's envs reset in turn (host envs on the host)
         return jax.tree.map(lambda *xs: jnp.stack(xs), *[
             fresh_actors(setup, args, *jax.random.split(jax.random.fold_in(k, 1)), seed_index=i)
             for i, k in enumerate(keys)])
 
-    if args.env in HOST_ENVS:
+    if args.env in LEVEL_ENVS:
         # jitted, so that the replay (Fruitbot's frames: tens of GB at the paper's size) is allocated once
-        state = jax.jit(jax.vmap(lambda k, a: init_train_state(setup, args, k, a)))(keys, host_actors())
+        state = jax.jit(jax.vmap(lambda k, a: init_train_state(setup, args, k, a)))(keys, actors_of_every_seed())
     else:
         state = jax.vmap(lambda k: init_train_state(setup, args, k))(keys)
     num_params = count_params(eqx.combine(jax.tree.map(lambda x: x[0], state.params), setup.static))
@@ -1019,8 +1104,8 @@ def main(args: Args) -> None:
     print(f"{method_name(args)} network: {num_params:,} parameters (paper: {paper})", flush=True)
     if args.resume:
         state, _ = run.restore(state)
-        if args.env in HOST_ENVS:
-            state = state._replace(actors=host_actors())  # the host envs start new episodes (not in the checkpoint)
+        if on_host(args):  # the host envs start new episodes (they are not in the checkpoint)
+            state = state._replace(actors=actors_of_every_seed())
     if args.env == "babyai":
         state = shard_seeds(state, args.num_seeds)  # seeds in parallel over the local devices, if there are several
     run.write_config({"method": method_name(args), "num_params": num_params,

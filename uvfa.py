@@ -17,7 +17,9 @@ family did there
 The file reads top to bottom as the whole algorithm: arguments (the paper's settings for --env as defaults), the
 environment, the network and its Q head, replay items, the recurrent unroll, n-step targets and the loss, acting,
 the jitted training program, evaluation, and main (see msfa_babyai.py for the shape of the program). One training
-loop serves every environment: Fruitbot's and MiniHack's host envs step from inside the jitted chunk through
+loop serves every environment: BabyAI and, by default, Fruitbot are JAX and step inside the jitted chunk (Fruitbot:
+common/fruitbot_jax.py, the original's per-task games with --distribution-mode paper, as msfa_fruitbot.py); MiniHack's
+host envs, and Fruitbot's with --env-backend procgen (stock hard or easy), step from inside the same chunk through
 io_callback.
 
     python uvfa.py --seed 3                 # UVFA
@@ -42,7 +44,7 @@ import numpy as np
 import optax
 from jax.experimental import io_callback
 
-from common import babyai, fruitbot, minihack
+from common import babyai, fruitbot, fruitbot_jax, minihack
 from common.babyai import EnvParams, GotoAvoid, Observation, make_params
 from common.farm import FarmCore, apply_per_module
 from common.networks import MLP, LSTMCore, count_params, oar_vector, scan_with_weight_grad_after
@@ -112,11 +114,19 @@ class Args:
 
     env: str = "babyai"
     """environment: babyai, fruitbot or minihack (the defaults marked "default: ..." follow it)"""
-    distribution_mode: str = "hard"
-    """Fruitbot: procgen's mode (hard: all 12 object types; easy: the original's, 4 types)"""
+    distribution_mode: str = "paper"
+    """Fruitbot: the game: "paper" (the original's per-task games: easy mode, levels 90 tall, each task its own object
+    lists, no completion bonus; JAX only), or stock procgen's "hard" (all 12 object types, doors) or "easy" (4 types)"""
+    env_backend: str = "jax"
+    """Fruitbot: "jax": the game in JAX inside the jitted program (common/fruitbot_jax.py); "procgen": stock procgen on
+    the host through io_callback (hard or easy only)"""
     train_levels: int | None = None
-    """Fruitbot, MiniHack: training levels come from level seeds 0..train_levels-1 (0: unrestricted; default: 200 on
-    Fruitbot and MiniHack's small room, 1000 in the large room)"""
+    """Fruitbot, MiniHack: training levels: level seeds 0..train_levels-1 (procgen, MiniHack), or with Fruitbot's JAX
+    backend a pool of that many levels per task drawn once from key 0 (the same for every seed, as procgen's); 0: a
+    fresh level every time (default: 200 on Fruitbot and MiniHack's small room, 1000 in the large room)"""
+    eval_levels: int = 1_000
+    """Fruitbot, JAX: evaluation levels per task, a pool drawn from another key than the training levels (0: a fresh
+    level every time, slower); procgen evaluates on unrestricted levels"""
     max_levels: int = fruitbot.MAX_LEVELS
     """Fruitbot: levels per episode (lifetime)"""
     room_size: str = "5x5"
@@ -208,13 +218,22 @@ PAPER_SETTINGS = {
 }
 ENVS = {"babyai": babyai, "fruitbot": fruitbot, "minihack": minihack}
 TORSOS = {"babyai": "dqn", "fruitbot": "impala", "minihack": "impala"}
-HOST_ENVS = ("fruitbot", "minihack")  # C++/C games stepped on the host through io_callback
+LEVEL_ENVS = ("fruitbot", "minihack")  # games of levels, frames and whole-number tasks (BabyAI has none of them)
 VALUE_TRANSFORMS = ("identity", "signed_hyperbolic")
+DISTRIBUTION_MODES = ("paper", "hard", "easy")
+ENV_BACKENDS = ("jax", "procgen")
+JAX_GAMES = {"paper": "paper", "hard": "stock-hard", "easy": "stock-easy"}  # --distribution-mode -> fruitbot_jax
 
 
 def env_module(args: Args):
     """common.babyai, common.fruitbot or common.minihack: the env's actions and tasks."""
     return ENVS[args.env]
+
+
+def on_host(args: Args) -> bool:
+    """Whether the env steps on the host, from inside the jitted chunk through io_callback: MiniHack (NLE), and
+    Fruitbot with --env-backend procgen (C++); BabyAI and Fruitbot's JAX game step inside the program."""
+    return args.env == "minihack" or (args.env == "fruitbot" and args.env_backend == "procgen")
 
 
 def check_args(args: Args) -> None:
@@ -225,13 +244,19 @@ def check_args(args: Args) -> None:
     require_positive(args, "env_workers")
     require(args.env == "minihack" or args.env_workers == 1, f"--env-workers is a MiniHack setting ({args.env}'s envs "
                                                              f"step in this process)")
-    if args.env in HOST_ENVS:
+    if args.env in LEVEL_ENVS:
         require(not args.truncate_task_input, f"--truncate-task-input is a BabyAI setting ({args.env} tasks are whole "
                                               f"numbers)")
         require_non_negative(args, "train_levels")
     if args.env == "fruitbot":
-        require(args.distribution_mode in fruitbot.DISTRIBUTION_MODES, f"--distribution-mode must be one of "
-                f"{', '.join(fruitbot.DISTRIBUTION_MODES)}, got {args.distribution_mode!r}")
+        require(args.distribution_mode in DISTRIBUTION_MODES, f"--distribution-mode must be one of "
+                f"{', '.join(DISTRIBUTION_MODES)}, got {args.distribution_mode!r}")
+        require(args.env_backend in ENV_BACKENDS,
+                f"--env-backend must be one of {', '.join(ENV_BACKENDS)}, got {args.env_backend!r}")
+        require(args.env_backend == "jax" or args.distribution_mode != "paper",
+                "--distribution-mode paper (the original's per-task games) runs only with --env-backend jax; procgen "
+                "plays stock hard or easy")
+        require_non_negative(args, "eval_levels")
         require_positive(args, "max_levels")
     require(args.value_transform in VALUE_TRANSFORMS, f"--value-transform must be one of "
                                                       f"{', '.join(VALUE_TRANSFORMS)}, got {args.value_transform!r}")
@@ -555,7 +580,7 @@ def batch_loss(net: UVFANetwork, target_net: UVFANetwork, render, batch: Sequenc
 # =====================================================================================================================
 class Actor(NamedTuple):
     """Per-env acting state."""
-    env_state: object  # BabyAI: the JAX env's state; Fruitbot: the seed's index (its envs live on the host)
+    env_state: object  # JAX envs (BabyAI, Fruitbot): their states; host envs: the seed's index (envs live on the host)
     obs: Observation  # (image, w)
     prev_action: jax.Array
     prev_reward: jax.Array
@@ -579,9 +604,10 @@ class TrainState(NamedTuple):
 
 class Setup(NamedTuple):
     """Everything static a run needs, built once from Args."""
-    env: GotoAvoid | list  # BabyAI: the JAX env; Fruitbot: one common.fruitbot.Fruitbot per seed (host envs)
-    env_params: object  # BabyAI's EnvParams (None on Fruitbot)
-    render: object  # stored observation -> RGB (BabyAI renders its symbolic view; Fruitbot stores frames)
+    env: object  # BabyAI: GotoAvoid; Fruitbot: fruitbot_jax.FruitbotJax; host envs: one vectorised host env per seed
+    env_params: object  # the JAX env's EnvParams (Fruitbot's: the training tasks and their level pools; None on host
+    #                     envs)
+    render: object  # stored observation -> RGB (BabyAI and MiniHack draw theirs; Fruitbot stores frames)
     static: object  # the network's non-array parts (eqx.partition)
     optimizer: optax.GradientTransformation
     buffer: object  # flashbax prioritised item buffer of Sequences
@@ -593,7 +619,8 @@ def make_network(args: Args, key) -> UVFANetwork:
 
 
 def make_host_env(args: Args, num_envs: int, seed: int, tasks=None, num_levels: int | None = None, task_of_env=None):
-    """num_envs Fruitbot lifetimes or MiniHack episodes stepped together on the host (tasks: the train tasks)."""
+    """num_envs Fruitbot lifetimes (procgen) or MiniHack episodes stepped together on the host (tasks: the train
+    tasks)."""
     tasks = env_module(args).TRAIN_TASKS if tasks is None else tasks
     num_levels = args.train_levels if num_levels is None else num_levels
     if args.env == "minihack":
@@ -609,12 +636,16 @@ HOST_OBS = {"fruitbot": "image", "minihack": "tiles"}
 
 def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
     """seeds: whose host training envs to build (none: a setup for the network, loss and evaluation only)."""
-    if args.env in HOST_ENVS:
+    if on_host(args):
         env, env_params = [make_host_env(args, args.num_envs, seed) for seed in seeds or []], None
         if args.env == "minihack":
             render = partial(minihack.render, tile_images=jnp.asarray(minihack.tile_set()[0]))
         else:
             render = lambda image: image  # noqa: E731  (Fruitbot stores frames)
+    elif args.env == "fruitbot":
+        env = fruitbot_jax.FruitbotJax(JAX_GAMES[args.distribution_mode], max_levels=args.max_levels)
+        env_params = env.make_params(fruitbot.TRAIN_TASKS, num_levels=args.train_levels, seed=0)
+        render = lambda image: image  # noqa: E731  (Fruitbot stores frames)
     else:
         env = GotoAvoid(obs_mode="symbolic", truncate_task_input=args.truncate_task_input)
         env_params, render = make_params(babyai.TRAIN_TASKS), env.rgb_from_symbolic
@@ -631,10 +662,11 @@ def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
 
 
 def fresh_actors(setup: Setup, args: Args, k_env, k_eps, seed_index: int = 0) -> Actor:
-    """Every env of one seed at the start of a new episode. BabyAI resets in JAX (jittable); Fruitbot and MiniHack
-    reset the seed's host envs (at the start of a run, and on resume: host envs are not in the checkpoint)."""
+    """Every env of one seed at the start of a new episode. JAX envs (BabyAI, Fruitbot) reset in JAX (jittable); host
+    envs reset the seed's envs on the host (at the start of a run, and on resume: host envs are not in the
+    checkpoint)."""
     e = args.num_envs
-    if args.env in HOST_ENVS:
+    if on_host(args):
         reset = setup.env[seed_index].reset()
         obs = Observation(jnp.asarray(reset[HOST_OBS[args.env]]), jnp.asarray(reset["w"]))
         env_state = jnp.int32(seed_index)
@@ -708,10 +740,10 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     q = jax.vmap(partial(q_values, net))(rnn[0], actors.obs.w)
     explore = jax.random.uniform(k_explore, (e,)) < actors.epsilon
     action = jnp.where(explore, jax.random.randint(k_action, (e,), 0, net.core.num_actions), jnp.argmax(q, -1))
-    if args.env in HOST_ENVS:
+    if on_host(args):
         image, w, reward, terminated, truncated = host_step(setup, args, actors.env_state, action, actors.obs.image)
         obs, env_state = Observation(image, w), actors.env_state
-    else:  # BabyAI's episodes end by their time limit only
+    else:  # the JAX envs: BabyAI (its episodes end by their time limit only) and Fruitbot
         obs, env_state, reward, terminated, truncated, _ = jax.vmap(setup.env.step, (0, 0, 0, None))(
             jax.random.split(k_env, e), actors.env_state, action, setup.env_params)
     done = terminated | truncated
@@ -801,11 +833,14 @@ def eval_tasks(args: Args) -> np.ndarray:
 
 def make_evaluate(setup: Setup, args: Args, tasks=None):
     """evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params, on the train and test
-    tasks (or any task vectors: results/evaluate.py). BabyAI: one jitted program; Fruitbot and MiniHack: greedy
-    episodes on unrestricted levels, the network acting for all (task, episode) envs at once, the envs on the host."""
+    tasks (or any task vectors: results/evaluate.py). BabyAI and Fruitbot's JAX game: one jitted program; host envs
+    (MiniHack, Fruitbot on procgen): greedy episodes on unrestricted levels, the network acting for all (task,
+    episode) envs at once, the envs on the host."""
     tasks = eval_tasks(args) if tasks is None else tasks
-    if args.env in HOST_ENVS:
+    if on_host(args):
         return make_host_evaluate(setup, args, tasks)
+    if args.env == "fruitbot":
+        return make_jax_evaluate(setup, args, np.asarray(tasks, np.float32))
     env = setup.env
 
     def episode_return(params, key, w):
@@ -832,6 +867,43 @@ def make_evaluate(setup: Setup, args: Args, tasks=None):
         keys = jax.random.split(key, (2, len(tasks), args.eval_episodes))  # [1]: unused (GPI in the SF scripts)
         per_episode = jax.vmap(episode_return, (None, 0, None))
         return jax.vmap(per_episode, (None, 0, 0))(params, keys[0], tasks)[None]
+
+    return evaluate
+
+
+def make_jax_evaluate(setup: Setup, args: Args, tasks: np.ndarray):
+    """Fruitbot's JAX backend's evaluate(params, key): every (task, episode) is one env on the evaluation levels, all
+    played greedily in one jitted loop until each has finished one lifetime."""
+    env, e = setup.env, args.eval_episodes
+    eval_params = env.make_params(tasks, num_levels=args.eval_levels, seed=1)  # key 1: not the training levels
+    n = len(tasks) * e
+    task_of_env = jnp.repeat(jnp.arange(len(tasks)), e)
+    max_steps = args.max_levels * fruitbot_jax.TIMEOUT
+
+    @jax.jit
+    def play(params, key):
+        net = eqx.combine(params, setup.static)
+        k_reset, key = jax.random.split(key)
+        obs, env_state = jax.vmap(env.reset_to, (0, 0, None))(jax.random.split(k_reset, n), task_of_env, eval_params)
+        rnn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), net.core.initial_state())
+
+        def body(carry):
+            t, key, obs, env_state, rnn, prev_action, prev_reward, returns, running = carry
+            key, k_step = jax.random.split(key)
+            rnn = jax.vmap(partial(core_step, net.core))(obs.image, prev_action, prev_reward, rnn)
+            action = jnp.argmax(jax.vmap(partial(q_values, net))(rnn[0], obs.w), -1)
+            obs, env_state, reward, terminated, truncated, _ = jax.vmap(env.step, (0, 0, 0, None))(
+                jax.random.split(k_step, n), env_state, action, eval_params)
+            returns = returns + jnp.where(running, reward, 0.0)
+            running = running & ~(terminated | truncated)
+            return t + 1, key, obs, env_state, rnn, action, reward, returns, running
+
+        carry = (0, key, obs, env_state, rnn, jnp.zeros(n, jnp.int32), jnp.zeros(n), jnp.zeros(n), jnp.ones(n, bool))
+        carry = jax.lax.while_loop(lambda c: c[-1].any() & (c[0] < max_steps), body, carry)
+        return carry[-2].reshape(len(tasks), e)
+
+    def evaluate(params, key):
+        return np.asarray(play(params, key))[None]  # [GPI settings (0 only), tasks, episodes]
 
     return evaluate
 
@@ -891,7 +963,7 @@ def eval_rows(evaluate, params, seeds: list[int], step: int, args: Args) -> list
 @exit_on_config_error
 def main(args: Args) -> None:
     check_args(args)
-    if args.env in HOST_ENVS:
+    if args.env in LEVEL_ENVS:
         check_memory(args)
     per_iteration = steps_per_iteration(args)
     total_iterations = -(-args.total_timesteps // per_iteration)  # at least --total-timesteps
@@ -901,14 +973,14 @@ def main(args: Args) -> None:
     setup = make_setup(args, seeds)
     keys = jnp.stack([jax.random.PRNGKey(s) for s in seeds])
 
-    def host_actors():  # host envs reset on the host, one seed at a time
+    def actors_of_every_seed():  # each seed's envs reset in turn (host envs on the host)
         return jax.tree.map(lambda *xs: jnp.stack(xs), *[
             fresh_actors(setup, args, *jax.random.split(jax.random.fold_in(k, 1)), seed_index=i)
             for i, k in enumerate(keys)])
 
-    if args.env in HOST_ENVS:
+    if args.env in LEVEL_ENVS:
         # jitted, so that the replay (Fruitbot's frames: tens of GB at the paper's size) is allocated once
-        state = jax.jit(jax.vmap(lambda k, a: init_train_state(setup, args, k, a)))(keys, host_actors())
+        state = jax.jit(jax.vmap(lambda k, a: init_train_state(setup, args, k, a)))(keys, actors_of_every_seed())
     else:
         state = jax.vmap(lambda k: init_train_state(setup, args, k))(keys)
     num_params = count_params(eqx.combine(jax.tree.map(lambda x: x[0], state.params), setup.static))
@@ -916,8 +988,8 @@ def main(args: Args) -> None:
     print(f"{method_name(args)} network: {num_params:,} parameters (paper: {paper})", flush=True)
     if args.resume:
         state, _ = run.restore(state)
-        if args.env in HOST_ENVS:
-            state = state._replace(actors=host_actors())  # the host envs start new episodes (not in the checkpoint)
+        if on_host(args):  # the host envs start new episodes (they are not in the checkpoint)
+            state = state._replace(actors=actors_of_every_seed())
     if args.env == "babyai":
         state = shard_seeds(state, args.num_seeds)  # seeds in parallel over the local devices, if there are several
     run.write_config({"method": method_name(args), "num_params": num_params,

@@ -73,10 +73,11 @@ def replayed_evaluation(run_dir, step: int, tmp_path) -> tuple[list[dict], list[
 
 
 def assert_a_uvfa_training_iteration_traces(args: "uvfa.Args", num_train_tasks: int) -> None:
-    """uvfa.py's run state on its host envs (one seed) and one jitted training iteration (acting through the host
-    envs' io_callback, replay, an SGD step), traced with jax.eval_shape, so nothing is compiled or run: the iteration
-    keeps the state's shapes and logs per-task returns. What a tiny run of a UVFA variant would find wrong in its
-    network's shapes on an env, found in seconds; one variant per env still runs for real (the loop is the same)."""
+    """uvfa.py's run state on its envs (one seed) and one jitted training iteration (acting through the JAX env or
+    the host envs' io_callback, replay, an SGD step), traced with jax.eval_shape, so nothing is compiled or run: the
+    iteration keeps the state's shapes and logs per-task returns. What a tiny run of a UVFA variant would find wrong
+    in its network's shapes on an env, found in seconds; one variant per env still runs for real (the loop is the
+    same)."""
     setup = uvfa.make_setup(args, [1])
     key = jax.random.PRNGKey(1)
     actors = uvfa.fresh_actors(setup, args, *jax.random.split(key), seed_index=0)
@@ -86,7 +87,7 @@ def assert_a_uvfa_training_iteration_traces(args: "uvfa.Args", num_train_tasks: 
                                stack(actors))
         new_state, metrics = jax.eval_shape(uvfa.make_train_chunk(setup, args, 1), state)
     finally:
-        for env in setup.env:
+        for env in setup.env if uvfa.on_host(args) else ():  # the host envs (a JAX env has nothing to close)
             env.close()
     assert jax.tree.structure(new_state) == jax.tree.structure(state)
     assert all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(jax.tree.leaves(new_state),

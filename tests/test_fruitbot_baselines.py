@@ -1,6 +1,6 @@
 """usfa.py and uvfa.py --env fruitbot: the paper's Fruitbot sizes, the terminal transition's cumulant, the UVFA
-family's value transform, bad input, tiny runs through the host env (USFA both ways, MVFA; UVFA and UVFA-FARM traced
-through a training iteration)."""
+family's value transform, bad input, tiny runs with the JAX game (USFA both ways, MVFA; UVFA and UVFA-FARM traced
+through a training iteration) and through the procgen host env (USFA, UVFA)."""
 
 import csv
 
@@ -13,12 +13,16 @@ import usfa
 import uvfa
 from common.fruitbot import TEST_TASKS, TRAIN_TASKS
 from common.networks import count_params, oar_vector
-from helpers import assert_a_uvfa_training_iteration_traces
+from helpers import assert_a_uvfa_training_iteration_traces, replayed_evaluation
 
+# the JAX game's level pools are kept small (8 training levels per task, 4 evaluation levels): quick to generate
 RUN = dict(env="fruitbot", num_envs=4, sequence_period=8, sequence_length=9, replay_size=64, min_replay_size=8,
-           batch_size=4, samples_per_insert=1.0, target_update_period=3, eval_episodes=1, lstm_size=16, max_levels=1)
+           batch_size=4, samples_per_insert=1.0, target_update_period=3, eval_episodes=1, lstm_size=16, max_levels=1,
+           train_levels=8, eval_levels=4)
 TINY = RUN | dict(psi_hidden=(8,), phi_hidden=(8,))
 TINY_UVFA = RUN | dict(num_modules=2, module_size=8, attention_heads=1, q_hidden=(8,))
+PROCGEN = dict(env_backend="procgen", distribution_mode="hard")
+JAX_STEPS = 320  # 80 steps per env: the paper game's first barrier row is up to 30 rows up, so lifetimes end
 
 
 @pytest.mark.parametrize("learned, paper", [(True, 1.98e6), (False, None)])
@@ -88,7 +92,11 @@ def test_signed_hyperbolic_targets_hand_worked():
     (dict(env="atari"), "--env must be one of babyai, fruitbot, minihack"),
     (dict(env="fruitbot", truncate_task_input=True), "--truncate-task-input is a BabyAI setting"),
     (dict(gpi_support="test"), "--gpi-support test is the original's Fruitbot evaluator"),
-    (dict(env="fruitbot", distribution_mode="medium"), "--distribution-mode must be one of"),
+    (dict(env="fruitbot", distribution_mode="medium"), "--distribution-mode must be one of paper, hard, easy"),
+    (dict(env="fruitbot", env_backend="gym"), "--env-backend must be one of jax, procgen"),
+    (dict(env="fruitbot", env_backend="procgen"),
+     "--distribution-mode paper (the original's per-task games) runs only with --env-backend jax"),
+    (dict(env="fruitbot", eval_levels=-1), "--eval-levels must not be negative"),
     (dict(env="fruitbot", replay_size=10_000_000), "GiB, more than this machine"),
 ])
 def test_bad_input_gets_one_line(overrides, message, capsys, tmp_path):
@@ -99,22 +107,39 @@ def test_bad_input_gets_one_line(overrides, message, capsys, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("learned", [False, True], ids=["hand-designed", "learned"])
-def test_tiny_run_end_to_end(learned, tmp_path, capsys):
+def assert_lifetimes_ended(run, num_envs: int):
+    """Training lifetimes ended (the JAX game's or procgen's terminations reach the logs) and none is longer than an
+    env's steps so far."""
+    ended = [r for r in csv.DictReader(open(run / "metrics.csv")) if r["episode_length"]]
+    assert ended and all(1 <= float(r["episode_length"]) <= int(r["step"]) / num_envs for r in ended)
+
+
+@pytest.mark.parametrize("learned, backend", [(False, "jax"), (True, "procgen")],
+                         ids=["hand-designed", "learned-procgen"])
+def test_tiny_run_end_to_end(learned, backend, tmp_path, capsys):
+    """USFA with the env's cumulants on the JAX paper game (the default: info["phi"], inside the jitted chunk), and
+    with learned cumulants through procgen (io_callback): training, evaluation on every task with and without GPI;
+    results/evaluate.py replays the JAX run's evaluation from its saved agent, and the procgen run resumes (the rest
+    of the code is shared: each tiny Fruitbot run compiles the Impala torso, and each JAX evaluation traces the
+    game's renderer, so each check runs once)."""
     run = tmp_path / "run"
-    usfa.main(usfa.Args(**TINY | dict(learned_cumulants=learned, total_timesteps=64, log_every=32, eval_every=64,
-                                      run_dir=str(run), gpi_support="test")))
+    tiny = TINY | dict(learned_cumulants=learned, gpi_support="test") | (PROCGEN if backend == "procgen" else {})
+    steps = JAX_STEPS if backend == "jax" else 64
+    usfa.main(usfa.Args(**tiny | dict(total_timesteps=steps, log_every=32, eval_every=steps, run_dir=str(run))))
     rows = list(csv.DictReader(open(run / "eval.csv")))
     assert {r["task"] for r in rows} == {",".join(f"{x:g}" for x in w) for w in np.concatenate([TRAIN_TASKS,
                                                                                                  TEST_TASKS])}
     assert {r["gpi"] for r in rows} == {"0", "1"}
     assert int(list(csv.DictReader(open(run / "metrics.csv")))[-1]["sgd_steps"]) > 0
     assert "paper: " in capsys.readouterr().out
-    if not learned:
-        return  # resuming is the same code for both: checked once (each tiny Fruitbot run compiles the Impala torso)
-    usfa.main(usfa.Args(**TINY | dict(learned_cumulants=learned, total_timesteps=96, log_every=32, eval_every=64,
-                                      run_dir=str(run), gpi_support="test", resume=True)))
-    assert int(list(csv.DictReader(open(run / "metrics.csv")))[-1]["step"]) == 96
+    if backend == "jax":
+        assert_lifetimes_ended(run, TINY["num_envs"])
+        again, ran = replayed_evaluation(run, steps, tmp_path)  # results/evaluate.py on the saved agent
+        assert again == ran and len(ran) == 2 * (len(TRAIN_TASKS) + len(TEST_TASKS))
+        return
+    usfa.main(usfa.Args(**tiny | dict(total_timesteps=steps + 32, log_every=32, eval_every=steps, run_dir=str(run),
+                                      resume=True)))  # the host envs start new episodes
+    assert int(list(csv.DictReader(open(run / "metrics.csv")))[-1]["step"]) == steps + 32
 
 
 @pytest.mark.parametrize("flags", [{}, {"farm": True}], ids=["uvfa", "farm"])
@@ -124,20 +149,31 @@ def test_the_other_uvfa_variants_train_on_this_env(flags):
     assert_a_uvfa_training_iteration_traces(uvfa.Args(**TINY_UVFA | flags), len(TRAIN_TASKS))
 
 
-def test_uvfa_tiny_run_end_to_end(tmp_path):
-    """MVFA (FARM modules, a Q head per module), the variant with the most machinery, runs for real; the others'
-    networks are traced through training above (the loop, replay and evaluation code is the same for all)."""
+@pytest.mark.parametrize("flags, backend", [({"modular": True}, "jax"), ({}, "procgen")], ids=["mvfa", "uvfa-procgen"])
+def test_uvfa_tiny_run_end_to_end(flags, backend, tmp_path):
+    """MVFA (FARM modules, a Q head per module), the variant with the most machinery, runs for real on the JAX game,
+    UVFA through procgen; the others' networks are traced through training above (the loop, replay and evaluation
+    code is the same for all)."""
     run = tmp_path / "run"
-    uvfa.main(uvfa.Args(**TINY_UVFA | dict(modular=True, total_timesteps=64, log_every=32, eval_every=64,
-                                           run_dir=str(run))))
+    steps = JAX_STEPS if backend == "jax" else 64
+    uvfa.main(uvfa.Args(**TINY_UVFA | flags | (PROCGEN if backend == "procgen" else {})
+                        | dict(total_timesteps=steps, log_every=32, eval_every=steps, run_dir=str(run))))
     rows = list(csv.DictReader(open(run / "eval.csv")))
     assert {r["gpi"] for r in rows} == {"0"} and len(rows) == len(TRAIN_TASKS) + len(TEST_TASKS)
     assert int(list(csv.DictReader(open(run / "metrics.csv")))[-1]["sgd_steps"]) > 0
+    if backend == "jax":
+        assert_lifetimes_ended(run, TINY_UVFA["num_envs"])
 
 
-def test_uvfa_bad_input_gets_one_line(capsys, tmp_path):
+@pytest.mark.parametrize("overrides, message", [
+    (dict(value_transform="log"), "--value-transform must be one of"),
+    (dict(env_backend="gym"), "--env-backend must be one of jax, procgen"),
+    (dict(env_backend="procgen"), "--distribution-mode paper (the original's per-task games) runs only with"),
+    (dict(eval_levels=-1), "--eval-levels must not be negative"),
+])
+def test_uvfa_bad_input_gets_one_line(overrides, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
-        uvfa.main(uvfa.Args(env="fruitbot", value_transform="log", replay_size=1000, min_replay_size=100,
-                            run_dir=str(tmp_path / "run")))
+        uvfa.main(uvfa.Args(**dict(env="fruitbot", replay_size=1000, min_replay_size=100,
+                                   run_dir=str(tmp_path / "run")) | overrides))
     err = capsys.readouterr().err.strip().splitlines()
-    assert exit_info.value.code == 2 and len(err) == 1 and "--value-transform must be one of" in err[0]
+    assert exit_info.value.code == 2 and len(err) == 1 and message in err[0], err
