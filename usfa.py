@@ -7,7 +7,7 @@ tasks: argmax_a max_z psi(s, a, z) . w_test.
 - Default, hand-designed cumulants: phi is the env's pickup indicator of each object category, and the only loss is
   n-step successor-feature learning with it as pseudo-reward (as in the original). The cumulant of transition
   t -> t+1 is the phi the env returned with r_t (r_t = phi_t . w); the original used the phi of the transition
-  *into* o_t, one step early (protocol.md section 7, pitfall 7): see the README.
+  *into* o_t, one step early (docs/protocol.md, quirk 7): see the README.
 - `--learned-cumulants` (USFA with learned phi): phi_t = MLP([h_{t+1}; h_t]) and exactly MSFA's three losses
   (Q-learning on psi . w, SF learning on the stop-gradient phi, phi . w regressed on r), so that the comparison
   with MSFA differs only in the state and heads. tests/test_learners.py runs the same hand-worked examples
@@ -54,12 +54,12 @@ from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_c
 
 
 # =====================================================================================================================
-# Arguments: defaults are the paper's settings for --env (../shared/reference/protocol.md sections 2, 4-5)
+# Arguments: defaults are the paper's settings for --env (docs/protocol.md)
 # =====================================================================================================================
 @dataclass
 class Args:
-    exp_name: str = "usfa"
-    """name of the experiment (prefix of the default run directory)"""
+    exp_name: str = os.path.splitext(os.path.basename(__file__))[0]
+    """name of the experiment (prefix of the default run directory): the script's file name, so a copy names its own"""
     seed: int = 1
     """seed of the first run; vmapped runs use seed, seed + 1, ..."""
     num_seeds: int = 1
@@ -168,8 +168,9 @@ class Args:
     """sequences in replay before learning starts (default: 100 on BabyAI, 10k on Fruitbot)"""
     samples_per_insert: float = 6.0
     """sampled sequences per inserted sequence (the replay ratio)"""
-    batch_size: int = 8
-    """sequences per SGD step"""
+    batch_size: int | None = None
+    """sequences per SGD step (default 8; 32 for USFA-learned in MiniHack's large room: the original's search gave it
+    batches of 128 sequences there, split into 4 SGD steps)"""
     priority_exponent: float = 0.9
     """replay samples sequences with probability ~ priority^exponent"""
     importance_exponent: float | None = None
@@ -201,6 +202,8 @@ class Args:
         if self.env == "minihack" and self.room_size in minihack.ROOM_SIZES:
             settings = settings | dict(total_timesteps={"5x5": 3_000_000, "15x15": 5_000_000}[self.room_size],
                                        train_levels=minihack.TRAIN_LEVELS[self.room_size])
+        large_room = self.env == "minihack" and self.room_size == "15x15"
+        settings = settings | dict(batch_size=32 if large_room and self.learned_cumulants else 8)
         for name, value in settings.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
@@ -481,9 +484,9 @@ def n_step_targets(rewards, values, continues, n: int, gamma: float, terminal_at
     terminal_at_end: bool, or bool [T-1]: where transition t ends its episode, whether by termination.
     G_t = sum_{i<m} gamma^i rewards[t+i] + gamma^m values[t+m], with m = min(n, the steps left in t's episode
     within the sequence). An episode that ends by truncation (a time limit) never saw its next observation: its last
-    transition has m = 0 and is masked. One that ends by termination (Fruitbot's barriers and last level; every end
-    with --time-limit-is-termination, the original's) learns its last transition too: a return reaching that end
-    sums the rewards up to and including it and bootstraps nothing. Returns (targets, valid).
+    transition has m = 0 and is masked. One that ends by termination (the env's terminal events; every end with
+    --time-limit-is-termination, the original's) learns its last transition too: a return reaching that end sums the
+    rewards up to and including it and bootstraps nothing. Returns (targets, valid).
     """
     num = rewards.shape[0]
     extra = (None,) * (rewards.ndim - 1)
@@ -1111,11 +1114,17 @@ def main(args: Args) -> None:
     run.write_config({"method": method_name(args), "num_params": num_params,
                       "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
     chunk_iterations = max(1, args.log_every // per_iteration)
-    eval_every_iterations = max(1, args.eval_every // per_iteration)
-    train_chunk = make_train_chunk(setup, args, chunk_iterations)
+    eval_every_iterations = -(-args.eval_every // per_iteration)  # evaluations at whole iterations, never fewer
+    train_chunks = {}  # iterations -> jitted chunk: the log interval, and shorter ones to stop at evaluations and the end
     evaluate = make_evaluate(setup, args)
     print(f"{args.num_seeds} seed(s) x {args.num_envs} envs, {sgd_steps_per_iteration(args)} SGD steps per "
           f"{per_iteration} env steps; logging every {chunk_iterations * per_iteration:,} steps; run dir {run.path}")
+    rounded = [f"--{name} {asked:,} -> {whole * per_iteration:,}" for name, asked, whole in (
+        ("total-timesteps", args.total_timesteps, total_iterations), ("eval-every", args.eval_every,
+                                                                      eval_every_iterations))
+        if asked != whole * per_iteration]
+    if rounded:
+        print(f"rounded up to whole iterations of {per_iteration} env steps: {'; '.join(rounded)}", flush=True)
 
     iteration = run.start_step // per_iteration
     next_eval = (iteration // eval_every_iterations + 1) * eval_every_iterations
@@ -1126,11 +1135,14 @@ def main(args: Args) -> None:
     with StopSignals() as signals, run.open_logs(fields) as logs:
         while iteration < total_iterations:
             chunk_start = time.time()
-            state, metrics = train_chunk(state)
+            n = min(chunk_iterations, total_iterations - iteration, next_eval - iteration)
+            if n not in train_chunks:
+                train_chunks[n] = make_train_chunk(setup, args, n)
+            state, metrics = train_chunks[n](state)
             metrics = jax.tree.map(np.asarray, metrics)  # [seeds, iterations]: the one host sync per chunk
-            iteration += chunk_iterations
+            iteration += n
             step = iteration * per_iteration
-            sps = chunk_iterations * per_iteration / (time.time() - chunk_start)
+            sps = n * per_iteration / (time.time() - chunk_start)
             rows = metric_rows(metrics, state.sgd_steps, seeds, step, sps, loss_names(args), train_task_names)
             logs.write_metrics(rows)
             require_finite(rows, loss_names(args), run)  # stops on NaN/inf, keeping the last good checkpoint

@@ -12,7 +12,7 @@ No method here has GPI: evaluation acts greedily on Q(s, a, w_test) (eval.csv ro
 
 On Fruitbot and MiniHack the targets go through the signed-hyperbolic value transform, as the original's UVFA
 family did there
-(protocol.md pitfall 12): G = h(sum_i gamma^i r + gamma^n h^-1(Q_target)), h(x) = sign(x)(sqrt(|x| + 1) - 1) + 1e-3 x.
+(docs/protocol.md, quirk 12): G = h(sum_i gamma^i r + gamma^n h^-1(Q_target)), h(x) = sign(x)(sqrt(|x| + 1) - 1) + 1e-3 x.
 
 The file reads top to bottom as the whole algorithm: arguments (the paper's settings for --env as defaults), the
 environment, the network and its Q head, replay items, the recurrent unroll, n-step targets and the loss, acting,
@@ -54,12 +54,12 @@ from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, fo
 
 
 # =====================================================================================================================
-# Arguments: defaults are the paper's settings for --env (../shared/reference/protocol.md sections 2, 4-5)
+# Arguments: defaults are the paper's settings for --env (docs/protocol.md)
 # =====================================================================================================================
 @dataclass
 class Args:
-    exp_name: str = "uvfa"
-    """name of the experiment (prefix of the default run directory)"""
+    exp_name: str = os.path.splitext(os.path.basename(__file__))[0]
+    """name of the experiment (prefix of the default run directory): the script's file name, so a copy names its own"""
     seed: int = 1
     """seed of the first run; vmapped runs use seed, seed + 1, ..."""
     num_seeds: int = 1
@@ -469,9 +469,9 @@ def n_step_targets(rewards, values, continues, n: int, gamma: float, terminal_at
     terminal_at_end: bool, or bool [T-1]: where transition t ends its episode, whether by termination.
     G_t = sum_{i<m} gamma^i rewards[t+i] + gamma^m values[t+m], with m = min(n, the steps left in t's episode
     within the sequence). An episode that ends by truncation (a time limit) never saw its next observation: its last
-    transition has m = 0 and is masked. One that ends by termination (Fruitbot's barriers and last level; every end
-    with --time-limit-is-termination, the original's) learns its last transition too: a return reaching that end
-    sums the rewards up to and including it and bootstraps nothing. Returns (targets, valid).
+    transition has m = 0 and is masked. One that ends by termination (the env's terminal events; every end with
+    --time-limit-is-termination, the original's) learns its last transition too: a return reaching that end sums the
+    rewards up to and including it and bootstraps nothing. Returns (targets, valid).
     """
     num = rewards.shape[0]
     extra = (None,) * (rewards.ndim - 1)
@@ -995,11 +995,17 @@ def main(args: Args) -> None:
     run.write_config({"method": method_name(args), "num_params": num_params,
                       "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
     chunk_iterations = max(1, args.log_every // per_iteration)
-    eval_every_iterations = max(1, args.eval_every // per_iteration)
-    train_chunk = make_train_chunk(setup, args, chunk_iterations)
+    eval_every_iterations = -(-args.eval_every // per_iteration)  # evaluations at whole iterations, never fewer
+    train_chunks = {}  # iterations -> jitted chunk: the log interval, and shorter ones to stop at evaluations and the end
     evaluate = make_evaluate(setup, args)
     print(f"{args.num_seeds} seed(s) x {args.num_envs} envs, {sgd_steps_per_iteration(args)} SGD steps per "
           f"{per_iteration} env steps; logging every {chunk_iterations * per_iteration:,} steps; run dir {run.path}")
+    rounded = [f"--{name} {asked:,} -> {whole * per_iteration:,}" for name, asked, whole in (
+        ("total-timesteps", args.total_timesteps, total_iterations), ("eval-every", args.eval_every,
+                                                                      eval_every_iterations))
+        if asked != whole * per_iteration]
+    if rounded:
+        print(f"rounded up to whole iterations of {per_iteration} env steps: {'; '.join(rounded)}", flush=True)
 
     iteration = run.start_step // per_iteration
     next_eval = (iteration // eval_every_iterations + 1) * eval_every_iterations
@@ -1008,11 +1014,14 @@ def main(args: Args) -> None:
     with StopSignals() as signals, run.open_logs(metric_fields(LOSS_NAMES, train_task_names)) as logs:
         while iteration < total_iterations:
             chunk_start = time.time()
-            state, metrics = train_chunk(state)
+            n = min(chunk_iterations, total_iterations - iteration, next_eval - iteration)
+            if n not in train_chunks:
+                train_chunks[n] = make_train_chunk(setup, args, n)
+            state, metrics = train_chunks[n](state)
             metrics = jax.tree.map(np.asarray, metrics)  # [seeds, iterations]: the one host sync per chunk
-            iteration += chunk_iterations
+            iteration += n
             step = iteration * per_iteration
-            sps = chunk_iterations * per_iteration / (time.time() - chunk_start)
+            sps = n * per_iteration / (time.time() - chunk_start)
             rows = metric_rows(metrics, state.sgd_steps, seeds, step, sps, LOSS_NAMES, train_task_names)
             logs.write_metrics(rows)
             require_finite(rows, LOSS_NAMES, run)  # stops on NaN/inf, keeping the last good checkpoint

@@ -117,3 +117,12 @@ def test_uvfa_tiny_run_end_to_end(tmp_path):
     rows = list(csv.DictReader(open(run / "eval.csv")))
     assert {r["gpi"] for r in rows} == {"0"} and {r["task"] for r in rows} == ALL_TASKS
     assert int(list(csv.DictReader(open(run / "metrics.csv")))[-1]["sgd_steps"]) > 0
+
+
+def test_usfa_learned_takes_the_originals_larger_batch_in_the_large_room():
+    """The original's search gave USFA-learned 128-sequence batches in the large room (4 SGD steps of 32)."""
+    import usfa
+
+    assert usfa.Args(env="minihack", room_size="15x15", learned_cumulants=True).batch_size == 32
+    assert usfa.Args(env="minihack", room_size="15x15").batch_size == 8
+    assert usfa.Args(env="minihack", learned_cumulants=True).batch_size == 8 and usfa.Args().batch_size == 8
