@@ -92,6 +92,9 @@ def main(args: Args) -> None:
     if args.reference_episodes and env == "minihack":
         random_lines = minihack_random_success(runs[0], train_tasks, test_tasks, args.reference_episodes)
         references = (None, random_lines[1])
+    if args.reference_episodes and env == "fruitbot":
+        random_lines = fruitbot_random_returns(runs[0], train_tasks, test_tasks, args.reference_episodes)
+        references = (None, random_lines[1])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     seeds = sorted({len(v) for t in tables.values() for v in t.values()})
@@ -151,10 +154,27 @@ def main(args: Args) -> None:
         if args.reference_episodes and env == "minihack":
             actor_references = minihack_random_success(runs[0], train_tasks, test_tasks, args.reference_episodes,
                                                        training_levels=True)[0]
+        if args.reference_episodes and env == "fruitbot":
+            actor_references = fruitbot_random_returns(runs[0], train_tasks, test_tasks, args.reference_episodes,
+                                                       training_levels=True)[0]
         actor_curves(plt, with_metrics, train_tasks, args.actor_window, actor_references, args.reference_episodes,
                      out / "actors.png")
         written.append("actors.png")
     print(f"wrote {', '.join(str(out / f) for f in written)} (step {step:,})")
+
+
+def fruitbot_random_returns(run_dir: Path, train_tasks, test_tasks, episodes: int, training_levels: bool = False):
+    """Random play's lifetime return per train task and per test task in the run's game (the JAX game of its
+    --distribution-mode: a procgen-backend run's stock mode is the same game): on fresh levels (as evaluation), or
+    with training_levels on the run's training levels (as its actors play)."""
+    from common.fruitbot_jax import policy_returns
+
+    saved = json.loads((run_dir / "config.json").read_text())["args"]
+    game = {"paper": "paper", "hard": "stock-hard", "easy": "stock-easy"}[saved.get("distribution_mode", "hard")]
+    require(episodes >= 2, f"--reference-episodes must be 0 or at least 2 for Fruitbot, got {episodes}")
+    num_levels = saved.get("train_levels", 200) if training_levels else 0
+    return tuple(policy_returns("random", game, tasks, episodes, num_levels=num_levels)[0]
+                 for tasks in (train_tasks, test_tasks))
 
 
 def minihack_random_success(run_dir: Path, train_tasks, test_tasks, episodes: int, training_levels: bool = False):

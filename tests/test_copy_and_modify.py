@@ -69,7 +69,7 @@ def test_the_copy_names_itself_and_logs_its_metric(copied_run):
 
 
 def test_every_results_tool_rebuilds_the_copys_agent(copied_run, tmp_path, capsys):
-    from results import analyze, compare, evaluate, plot, summarize
+    from results import analyze, compare, plot, summarize
 
     from helpers import replayed_evaluation
 

@@ -2,7 +2,9 @@
 
 import csv
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from common.run import format_task
@@ -94,7 +96,7 @@ def test_the_tools_read_a_fruitbot_runs_tasks_and_refuse_mixed_environments(tmp_
     summarize.main(summarize.Args(run_dir=fake_run(tmp_path, "mh", "MSFA", (10,), (0, 1), 1.0, env="minihack")))
     out = capsys.readouterr().out
     assert "| test | 1,1,1 | 3.50 ± 0.50 | 2.50 ± 0.50 | - | - |" in out and "| train | 0,0,1 |" in out
-    plot.main(plot.Args(run_dirs=(fruitbot,), out=str(tmp_path / "figures"), reference_episodes=100))
+    plot.main(plot.Args(run_dirs=(fruitbot,), out=str(tmp_path / "figures"), reference_episodes=0))
     assert "IQM MSFA: 3.500 " in capsys.readouterr().out  # 6 Fruitbot test tasks, no BabyAI references
     babyai = fake_run(tmp_path, "ba", "MSFA", (10,), (0, 1), 1.0)
     with pytest.raises(SystemExit):
@@ -183,3 +185,20 @@ def test_plot_pools_the_actors_returns_per_window_hand_worked_and_draws_them_aga
     plot.main(plot.Args(run_dirs=(str(run),), out=str(tmp_path / "figures"), reference_episodes=7, actor_window=2))
     assert calls == [0, 200]  # fresh levels for the evaluation figures, the 200 training levels for actors.png
     assert (tmp_path / "figures" / "actors.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fruitbot_references_are_random_play_in_the_runs_own_game(tmp_path):
+    """results.plot's Fruitbot reference: random play in the game the run trained on (here the paper's), per train
+    and test task, on the run's training levels for its actors."""
+    import json
+
+    from results import plot
+
+    run = Path(fake_run(tmp_path, "fb", "MSFA", (10,), (0, 1), 1.0, env="fruitbot"))
+    config = json.loads((run / "config.json").read_text())
+    config["args"] |= {"distribution_mode": "paper", "train_levels": 4}
+    (run / "config.json").write_text(json.dumps(config))
+    from common.fruitbot import TEST_TASKS, TRAIN_TASKS
+
+    train, test = plot.fruitbot_random_returns(run, TRAIN_TASKS, TEST_TASKS, 2, training_levels=True)
+    assert train.shape == (4,) and test.shape == (6,) and np.isfinite(np.concatenate([train, test])).all()
