@@ -140,7 +140,8 @@ def main(args: Args) -> None:
             oracle[format_task(w)], rand[format_task(w)] = f"{a:.2f} ± {b:.2f}", f"{c:.2f} ± {d:.2f}"
     env = run_env(Path(args.run_dir))
     references = (f"references over {args.episodes} episodes" if babyai_run else
-                  f"{env} has no oracle here: its random references are `python -m common.{env}`")
+                  f"{env} has no oracle here: its random references are `python -m common."
+                  f"{'fruitbot_jax' if env == 'fruitbot' else env}`")
     print(f"Greedy return at step {step:,}, mean ± s.e. over {seeds} seed(s) of each seed's mean; {references}.\n")
     print("| split | task | GPI | no GPI | BFS oracle | random |")
     print("|---|---|---:|---:|---:|---:|")
