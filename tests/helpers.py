@@ -1,9 +1,13 @@
 """Test data and settings shared by the learner tests."""
 
 import csv
+import dataclasses
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 
 import msfa_babyai
 import msfa_fruitbot
@@ -93,3 +97,31 @@ def assert_a_uvfa_training_iteration_traces(args: "uvfa.Args", num_train_tasks: 
     assert all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(jax.tree.leaves(new_state),
                                                                         jax.tree.leaves(state)))
     assert metrics["loss"].shape == (1, 1) and metrics["return_sum"].shape == (1, 1, num_train_tasks)
+
+
+def evaluation_return(run_dir: Path, w, use_gpi: bool, seed: int = 0) -> float:
+    """The run's own script's evaluation of one episode of task w (as results.evaluate --episodes 1 --seed seed)."""
+    from results.evaluate import load_agent
+
+    script, args, params, header = load_agent(sorted(run_dir.glob("params_seed*.eqx"))[0])
+    args = dataclasses.replace(args, eval_episodes=1)
+    evaluate = script.make_evaluate(script.make_setup(args), args, np.asarray([w], np.float32))
+    returns = np.asarray(evaluate(params, jax.random.fold_in(jax.random.PRNGKey(seed), header["seed"])))
+    return float(returns[script.GPI_SETTINGS.index(int(use_gpi)), 0, 0])
+
+
+def check_video_is_the_evaluations(run_dir: Path, task: str, gpi: str, seed: int = 0, max_steps: int = 400):
+    """results.video's episode of a saved agent is its script's evaluation's: the same return, shown in the overlay;
+    the per-module values add up to the chosen action's value."""
+    from results import video
+
+    trace, header, env, w, _ = video.record_episode(run_dir, task, gpi, seed, max_steps=max_steps)
+    assert trace.complete
+    expected = evaluation_return(run_dir, w, gpi == "on", seed)
+    assert trace.reward.sum() == pytest.approx(expected, abs=1e-4), (trace.reward.sum(), expected)
+    last = video.overlay_lines(trace, len(trace.reward) - 1, env, w, gpi == "on")
+    assert f"return {expected:+.2f}" in last[0], last
+    assert len(trace.frames) == len(trace.reward) == len(trace.action)
+    if trace.contribution.shape[1] > 0:
+        np.testing.assert_allclose(trace.contribution.sum(-1), trace.q, atol=1e-4)
+    return trace

@@ -12,7 +12,7 @@ import pytest
 import msfa_minihack as script
 from common.minihack import TEST_TASKS, TRAIN_TASKS
 from common.networks import count_params
-from helpers import replayed_evaluation
+from helpers import check_video_is_the_evaluations, replayed_evaluation
 
 TINY = dict(num_envs=4, sequence_period=8, sequence_length=9, replay_size=64, min_replay_size=8, batch_size=4,
             samples_per_insert=1.0, target_update_period=3, eval_episodes=1, num_modules=3, module_size=8,
@@ -141,6 +141,8 @@ def test_tiny_run_end_to_end(tmp_path, capsys):
     assert int(list(csv.DictReader(open(run / "metrics.csv")))[-1]["step"]) == 128
     again, ran = replayed_evaluation(run, 128, tmp_path)  # results/evaluate.py on the saved agents
     assert again == ran and len(ran) == 2 * 2 * (len(TRAIN_TASKS) + len(TEST_TASKS))
+    trace = check_video_is_the_evaluations(run, "0,1,0", "on", seed=2)  # results.video plays the same episode
+    assert trace.frames[0][0].shape == (144, 144, 3) and trace.ends[-1] in ("success", "died", "timeout")
 
 
 def test_the_large_room_takes_the_originals_larger_batch():
