@@ -54,72 +54,7 @@ from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_c
 # =====================================================================================================================
 @dataclass
 class Args:
-    exp_name: str = os.path.splitext(os.path.basename(__file__))[0]
-    """name of the experiment (prefix of the default run directory): the script's file name, so a copy names its own"""
-    seed: int = 1
-    """seed of the first run; vmapped runs use seed, seed + 1, ..."""
-    num_seeds: int = 1
-    """independent runs trained side by side in one program (vmapped; each steps its own envs on the host)"""
-    total_timesteps: int = 10_000_000
-    """env steps per seed (rounded up to whole iterations of num_envs x sequence_period)"""
-    num_envs: int = 32
-    """parallel envs per seed (the original used 3 actor processes)"""
-    run_dir: str | None = None
-    """where config.json, metrics.csv, eval.csv, checkpoint.eqx and TensorBoard files go (default runs/<name>)"""
-    eval_episodes: int = 10
-    """greedy episodes (lifetimes, on unrestricted levels) per task and per GPI setting at each evaluation"""
-    eval_every: int = 500_000
-    """env steps (per seed) between evaluations; one more runs at the end"""
-    log_every: int = 2_560
-    """env steps (per seed) between progress lines and metrics rows"""
-    track: bool = False
-    """log to Weights & Biases"""
-    wandb_project_name: str = "msfa-jax"
-    """Weights & Biases project (with --track)"""
-    wandb_entity: str | None = None
-    """Weights & Biases entity (with --track)"""
-    resume: bool = False
-    """continue the run in --run-dir from its checkpoint, with its saved settings"""
-    overwrite: bool = False
-    """start anew in a --run-dir that holds a run, moving the old one aside to <run-dir>.replaced-<time>"""
-    checkpoint_minutes: float = 10.0
-    """minutes of wall time between checkpoints (also written at every evaluation and on Ctrl-C)"""
-    checkpoint: bool = True
-    """write checkpoint.eqx (replay included: ~1 GB per seed at the paper's size) so that the run can be resumed;
-    --no-checkpoint writes only the small per-seed parameter files"""
-    max_minutes: float | None = None
-    """stop after this many minutes of wall time (compilation included), evaluating and saving first"""
-    time_limit_is_termination: bool = False
-    """the original's "every done is a termination": the per-level timeout (1000 steps) also ends the episode as a
-    terminal transition instead of a masked truncation"""
-    learner_unroll: int = 1
-    """speed only: recurrent steps per loop iteration of the learner's unroll (lax.scan's unroll); the gradients
-    are the same up to float rounding (benchmarks/sgd_variants.py measures what pays on a device)"""
-    joint_target_unroll: bool = False
-    """speed only: the online and target networks unroll side by side in one loop (stacked on a leading axis)
-    instead of one loop each, same values; off by default: 1.5x slower on a CPU (benchmarks/sgd_variants.py)"""
-    lstm_grad_after_loop: bool = False
-    """speed only: the module LSTMs' weight gradient is formed after the backward loop, as one matmul over every
-    step of the batch, instead of summed step by step inside it (common.networks.scan_with_weight_grad_after); same
-    gradient; off by default: 8-15% slower on a CPU (benchmarks/sgd_variants.py)"""
-    distribution_mode: str = "paper"
-    """the game: "paper" (the original's per-task games: easy mode, levels 90 tall, each task its own object lists,
-    no completion bonus; JAX only), or stock procgen's "hard" (all 12 object types, doors) or "easy" (4 types)"""
-    env_backend: str = "jax"
-    """"jax": the game in JAX inside the jitted program (common/fruitbot_jax.py); "procgen": stock procgen on the
-    host through io_callback (hard or easy only)"""
-    train_levels: int = TRAIN_LEVELS
-    """training levels: procgen's level seeds 0..train_levels-1, or with JAX a pool of that many levels per task
-    drawn once from key 0 (the same for every seed, as procgen's); 0: a fresh level every time"""
-    eval_levels: int = 1_000
-    """JAX: evaluation levels per task, a pool drawn from another key than the training levels (0: a fresh level
-    every time, slower); procgen evaluates on unrestricted levels"""
-    max_levels: int = MAX_LEVELS
-    """levels per episode (lifetime): completing the last one ends the episode"""
-    gpi_support: str = "train"
-    """the policies z that GPI maximises over at evaluation: "train" (the 4 train tasks, the paper's method) or
-    "test" (the 6 test tasks: what the original code's Fruitbot evaluator did)"""
-
+    # --- The algorithm: network, losses, sequences and targets, replay, optimiser, acting (defaults: the paper's) ---
     num_modules: int = 4
     """FARM modules; each owns an equal slice of the task vector"""
     module_size: int = 60
@@ -142,7 +77,6 @@ class Args:
     """weight alpha_psi of the successor-feature loss"""
     phi_coeff: float = 1.0
     """weight alpha_phi of the reward regression phi . w ~ r"""
-
     sequence_length: int = 41
     """steps per replayed sequence (sequence period + 1)"""
     sequence_period: int = 40
@@ -176,12 +110,85 @@ class Args:
     """gradients are clipped to this global norm"""
     target_update_period: int = 2500
     """SGD steps between copies of the online network into the target network"""
+    num_envs: int = 32
+    """parallel envs per seed (the original used 3 actor processes)"""
     epsilon_exponents: tuple[float, float] = (1.0, 8.0)
     """each env draws epsilon per episode from logspace(a, b, num_epsilons, base=epsilon_base)"""
     num_epsilons: int = 256
     """number of epsilons in the actors' set"""
     epsilon_base: float = 0.4
     """base of the actors' epsilon logspace"""
+
+    # --- The environment and its levels ---
+    distribution_mode: str = "paper"
+    """the game: "paper" (the original's per-task games: easy mode, levels 90 tall, each task its own object lists,
+    no completion bonus; JAX only), or stock procgen's "hard" (all 12 object types, doors) or "easy" (4 types)"""
+    env_backend: str = "jax"
+    """"jax": the game in JAX inside the jitted program (common/fruitbot_jax.py); "procgen": stock procgen on the
+    host through io_callback (hard or easy only)"""
+    train_levels: int = TRAIN_LEVELS
+    """training levels: procgen's level seeds 0..train_levels-1, or with JAX a pool of that many levels per task
+    drawn once from key 0 (the same for every seed, as procgen's); 0: a fresh level every time"""
+    eval_levels: int = 1_000
+    """JAX: evaluation levels per task, a pool drawn from another key than the training levels (0: a fresh level
+    every time, slower); procgen evaluates on unrestricted levels"""
+    max_levels: int = MAX_LEVELS
+    """levels per episode (lifetime): completing the last one ends the episode"""
+
+    # --- The original code's quirks (off: the method as the paper describes it; on: as the authors' code ran it) ---
+    time_limit_is_termination: bool = False
+    """the original's "every done is a termination": the per-level timeout (1000 steps) also ends the episode as a
+    terminal transition instead of a masked truncation"""
+    gpi_support: str = "train"
+    """the policies z that GPI maximises over at evaluation: "train" (the 4 train tasks, the paper's method) or
+    "test" (the 6 test tasks: what the original code's Fruitbot evaluator did)"""
+
+    # --- Run controls: seeds, budget, logging, evaluation, checkpoints, and options that change speed only ---
+    exp_name: str = os.path.splitext(os.path.basename(__file__))[0]
+    """name of the experiment (prefix of the default run directory): the script's file name, so a copy names its own"""
+    seed: int = 1
+    """seed of the first run; vmapped runs use seed, seed + 1, ..."""
+    num_seeds: int = 1
+    """independent runs trained side by side in one program (vmapped; with --env-backend procgen each steps its own
+    envs on the host)"""
+    total_timesteps: int = 10_000_000
+    """env steps per seed (rounded up to whole iterations of num_envs x sequence_period)"""
+    run_dir: str | None = None
+    """where config.json, metrics.csv, eval.csv, checkpoint.eqx and TensorBoard files go (default runs/<name>)"""
+    eval_episodes: int = 10
+    """greedy episodes (lifetimes: on --eval-levels levels with JAX, unrestricted levels with procgen) per task and
+    per GPI setting at each evaluation"""
+    eval_every: int = 500_000
+    """env steps (per seed) between evaluations; one more runs at the end"""
+    log_every: int = 2_560
+    """env steps (per seed) between progress lines and metrics rows"""
+    track: bool = False
+    """log to Weights & Biases"""
+    wandb_project_name: str = "msfa-jax"
+    """Weights & Biases project (with --track)"""
+    wandb_entity: str | None = None
+    """Weights & Biases entity (with --track)"""
+    resume: bool = False
+    """continue the run in --run-dir from its checkpoint, with its saved settings"""
+    overwrite: bool = False
+    """start anew in a --run-dir that holds a run, moving the old one aside to <run-dir>.replaced-<time>"""
+    checkpoint_minutes: float = 10.0
+    """minutes of wall time between checkpoints (also written at every evaluation and on Ctrl-C)"""
+    checkpoint: bool = True
+    """write checkpoint.eqx (replay included: ~1 GB per seed at the paper's size) so that the run can be resumed;
+    --no-checkpoint writes only the small per-seed parameter files"""
+    max_minutes: float | None = None
+    """stop after this many minutes of wall time (compilation included), evaluating and saving first"""
+    learner_unroll: int = 1
+    """speed only: recurrent steps per loop iteration of the learner's unroll (lax.scan's unroll); the gradients
+    are the same up to float rounding (benchmarks/sgd_variants.py measures what pays on a device)"""
+    joint_target_unroll: bool = False
+    """speed only: the online and target networks unroll side by side in one loop (stacked on a leading axis)
+    instead of one loop each, same values; off by default: 1.5x slower on a CPU (benchmarks/sgd_variants.py)"""
+    lstm_grad_after_loop: bool = False
+    """speed only: the module LSTMs' weight gradient is formed after the backward loop, as one matmul over every
+    step of the batch, instead of summed step by step inside it (common.networks.scan_with_weight_grad_after); same
+    gradient; off by default: 8-15% slower on a CPU (benchmarks/sgd_variants.py)"""
 
 
 def check_args(args: Args) -> None:

@@ -58,68 +58,7 @@ from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, fo
 # =====================================================================================================================
 @dataclass
 class Args:
-    exp_name: str = os.path.splitext(os.path.basename(__file__))[0]
-    """name of the experiment (prefix of the default run directory): the script's file name, so a copy names its own"""
-    seed: int = 1
-    """seed of the first run; vmapped runs use seed, seed + 1, ..."""
-    num_seeds: int = 1
-    """independent runs trained side by side in one program (vmapped; each steps its own envs on the host)"""
-    total_timesteps: int | None = None
-    """env steps per seed (rounded up to whole iterations of num_envs x sequence_period); default: the paper's 3M
-    for the small room, 5M for the large one"""
-    num_envs: int = 32
-    """parallel envs per seed (the original used 3 actor processes)"""
-    run_dir: str | None = None
-    """where config.json, metrics.csv, eval.csv, checkpoint.eqx and TensorBoard files go (default runs/<name>)"""
-    eval_episodes: int = 20
-    """greedy episodes (on fresh levels) per task and per GPI setting at each evaluation; the return of an episode
-    is 1 if it reached the stairs, else 0, so eval.csv's return_mean is the success rate"""
-    eval_every: int = 250_000
-    """env steps (per seed) between evaluations; one more runs at the end"""
-    log_every: int = 2_560
-    """env steps (per seed) between progress lines and metrics rows"""
-    track: bool = False
-    """log to Weights & Biases"""
-    wandb_project_name: str = "msfa-jax"
-    """Weights & Biases project (with --track)"""
-    wandb_entity: str | None = None
-    """Weights & Biases entity (with --track)"""
-    resume: bool = False
-    """continue the run in --run-dir from its checkpoint, with its saved settings"""
-    overwrite: bool = False
-    """start anew in a --run-dir that holds a run, moving the old one aside to <run-dir>.replaced-<time>"""
-    checkpoint_minutes: float = 10.0
-    """minutes of wall time between checkpoints (also written at every evaluation and on Ctrl-C)"""
-    checkpoint: bool = True
-    """write checkpoint.eqx (replay included: ~1 GB per seed at the paper's size) so that the run can be resumed;
-    --no-checkpoint writes only the small per-seed parameter files"""
-    max_minutes: float | None = None
-    """stop after this many minutes of wall time (compilation included), evaluating and saving first"""
-    time_limit_is_termination: bool = False
-    """the original's "every done is a termination": the time limit (100 steps in the small room, 300 in the large)
-    also ends the episode as a terminal transition instead of a masked truncation"""
-    learner_unroll: int = 1
-    """speed only: recurrent steps per loop iteration of the learner's unroll (lax.scan's unroll); the gradients
-    are the same up to float rounding (benchmarks/sgd_variants.py measures what pays on a device)"""
-    joint_target_unroll: bool = False
-    """speed only: the online and target networks unroll side by side in one loop (stacked on a leading axis)
-    instead of one loop each, same values; off by default: 1.5x slower on a CPU (benchmarks/sgd_variants.py)"""
-    lstm_grad_after_loop: bool = False
-    """speed only: the module LSTMs' weight gradient is formed after the backward loop, as one matmul over every
-    step of the batch, instead of summed step by step inside it (common.networks.scan_with_weight_grad_after); same
-    gradient; off by default: 8-15% slower on a CPU (benchmarks/sgd_variants.py)"""
-    room_size: str = "5x5"
-    """5x5 (the paper's small room: 1 monster, 1 trap) or 15x15 (the large room: 3 monsters, 15 traps)"""
-    env_workers: int = 1
-    """processes stepping each seed's envs in parallel (1: in this process; on a machine with many cores, e.g. the
-    lent GPU's 16, more: the same episodes, faster, as the seeds' envs otherwise step on one core)"""
-    train_levels: int | None = None
-    """training levels come from level seeds 0..train_levels-1 (0: fresh levels); default: the original's 200 for
-    the small room, 1000 for the large one; evaluation levels are always fresh"""
-    gpi_support: str = "train"
-    """the policies z that GPI maximises over at evaluation: "train" (the 3 train rooms, the paper's method) or
-    "test" ([1,1,1] only: what the original code's MiniHack evaluator did)"""
-
+    # --- The algorithm: network, losses, sequences and targets, replay, optimiser, acting (defaults: the paper's) ---
     num_modules: int = 3
     """FARM modules; each owns an equal slice of the task vector"""
     module_size: int = 80
@@ -142,7 +81,6 @@ class Args:
     """weight alpha_psi of the successor-feature loss"""
     phi_coeff: float = 1.0
     """weight alpha_phi of the reward regression phi . w ~ r"""
-
     sequence_length: int = 41
     """steps per replayed sequence (sequence period + 1)"""
     sequence_period: int = 40
@@ -177,6 +115,8 @@ class Args:
     """gradients are clipped to this global norm"""
     target_update_period: int = 2500
     """SGD steps between copies of the online network into the target network"""
+    num_envs: int = 32
+    """parallel envs per seed (the original used 3 actor processes)"""
     epsilon_exponents: tuple[float, float] = (1.0, 8.0)
     """each env draws epsilon per episode from logspace(a, b, num_epsilons, base=epsilon_base)"""
     num_epsilons: int = 256
@@ -193,6 +133,71 @@ class Args:
                 self.train_levels = TRAIN_LEVELS[self.room_size]
             if self.batch_size is None:
                 self.batch_size = PAPER_BATCH[self.room_size]
+
+    # --- The environment and its levels ---
+    room_size: str = "5x5"
+    """5x5 (the paper's small room: 1 monster, 1 trap) or 15x15 (the large room: 3 monsters, 15 traps)"""
+    train_levels: int | None = None
+    """training levels come from level seeds 0..train_levels-1 (0: fresh levels); default: the original's 200 for
+    the small room, 1000 for the large one; evaluation levels are always fresh"""
+
+    # --- The original code's quirks (off: the method as the paper describes it; on: as the authors' code ran it) ---
+    time_limit_is_termination: bool = False
+    """the original's "every done is a termination": the time limit (100 steps in the small room, 300 in the large)
+    also ends the episode as a terminal transition instead of a masked truncation"""
+    gpi_support: str = "train"
+    """the policies z that GPI maximises over at evaluation: "train" (the 3 train rooms, the paper's method) or
+    "test" ([1,1,1] only: what the original code's MiniHack evaluator did)"""
+
+    # --- Run controls: seeds, budget, logging, evaluation, checkpoints, and options that change speed only ---
+    exp_name: str = os.path.splitext(os.path.basename(__file__))[0]
+    """name of the experiment (prefix of the default run directory): the script's file name, so a copy names its own"""
+    seed: int = 1
+    """seed of the first run; vmapped runs use seed, seed + 1, ..."""
+    num_seeds: int = 1
+    """independent runs trained side by side in one program (vmapped; each steps its own envs on the host)"""
+    total_timesteps: int | None = None
+    """env steps per seed (rounded up to whole iterations of num_envs x sequence_period); default: the paper's 3M
+    for the small room, 5M for the large one"""
+    run_dir: str | None = None
+    """where config.json, metrics.csv, eval.csv, checkpoint.eqx and TensorBoard files go (default runs/<name>)"""
+    eval_episodes: int = 20
+    """greedy episodes (on fresh levels) per task and per GPI setting at each evaluation; the return of an episode
+    is 1 if it reached the stairs, else 0, so eval.csv's return_mean is the success rate"""
+    eval_every: int = 250_000
+    """env steps (per seed) between evaluations; one more runs at the end"""
+    log_every: int = 2_560
+    """env steps (per seed) between progress lines and metrics rows"""
+    track: bool = False
+    """log to Weights & Biases"""
+    wandb_project_name: str = "msfa-jax"
+    """Weights & Biases project (with --track)"""
+    wandb_entity: str | None = None
+    """Weights & Biases entity (with --track)"""
+    resume: bool = False
+    """continue the run in --run-dir from its checkpoint, with its saved settings"""
+    overwrite: bool = False
+    """start anew in a --run-dir that holds a run, moving the old one aside to <run-dir>.replaced-<time>"""
+    checkpoint_minutes: float = 10.0
+    """minutes of wall time between checkpoints (also written at every evaluation and on Ctrl-C)"""
+    checkpoint: bool = True
+    """write checkpoint.eqx (replay included: ~1 GB per seed at the paper's size) so that the run can be resumed;
+    --no-checkpoint writes only the small per-seed parameter files"""
+    max_minutes: float | None = None
+    """stop after this many minutes of wall time (compilation included), evaluating and saving first"""
+    env_workers: int = 1
+    """processes stepping each seed's envs in parallel (1: in this process; on a machine with many cores, e.g. the
+    lent GPU's 16, more: the same episodes, faster, as the seeds' envs otherwise step on one core)"""
+    learner_unroll: int = 1
+    """speed only: recurrent steps per loop iteration of the learner's unroll (lax.scan's unroll); the gradients
+    are the same up to float rounding (benchmarks/sgd_variants.py measures what pays on a device)"""
+    joint_target_unroll: bool = False
+    """speed only: the online and target networks unroll side by side in one loop (stacked on a leading axis)
+    instead of one loop each, same values; off by default: 1.5x slower on a CPU (benchmarks/sgd_variants.py)"""
+    lstm_grad_after_loop: bool = False
+    """speed only: the module LSTMs' weight gradient is formed after the backward loop, as one matmul over every
+    step of the batch, instead of summed step by step inside it (common.networks.scan_with_weight_grad_after); same
+    gradient; off by default: 8-15% slower on a CPU (benchmarks/sgd_variants.py)"""
 
 
 PAPER_STEPS = {"5x5": 3_000_000, "15x15": 5_000_000}

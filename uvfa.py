@@ -58,91 +58,11 @@ from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, fo
 # =====================================================================================================================
 @dataclass
 class Args:
-    exp_name: str = os.path.splitext(os.path.basename(__file__))[0]
-    """name of the experiment (prefix of the default run directory): the script's file name, so a copy names its own"""
-    seed: int = 1
-    """seed of the first run; vmapped runs use seed, seed + 1, ..."""
-    num_seeds: int = 1
-    """independent runs trained side by side in one program (vmapped)"""
-    total_timesteps: int | None = None
-    """env steps per seed (rounded up to whole iterations of num_envs x sequence_period; default: the paper's, 5M on
-    BabyAI, 10M on Fruitbot)"""
-    num_envs: int = 32
-    """parallel envs per seed (the original used 3 actor processes)"""
-    run_dir: str | None = None
-    """where config.json, metrics.csv, eval.csv, checkpoint.eqx and TensorBoard files go (default runs/<name>)"""
-    eval_episodes: int | None = None
-    """greedy episodes per task at each evaluation (default: 20 on BabyAI, 10 on Fruitbot)"""
-    eval_every: int | None = None
-    """env steps (per seed) between evaluations; one more runs at the end (default: 250k on BabyAI, 500k on
-    Fruitbot)"""
-    log_every: int = 2_560
-    """env steps (per seed) between progress lines and metrics rows"""
-    track: bool = False
-    """log to Weights & Biases"""
-    wandb_project_name: str = "msfa-jax"
-    """Weights & Biases project (with --track)"""
-    wandb_entity: str | None = None
-    """Weights & Biases entity (with --track)"""
-    resume: bool = False
-    """continue the run in --run-dir from its checkpoint, with its saved settings"""
-    overwrite: bool = False
-    """start anew in a --run-dir that holds a run, moving the old one aside to <run-dir>.replaced-<time>"""
-    checkpoint_minutes: float = 10.0
-    """minutes of wall time between checkpoints (also written at every evaluation and on Ctrl-C)"""
-    checkpoint: bool = True
-    """write checkpoint.eqx (replay included: ~1 GB per seed at the paper's size) so that the run can be resumed;
-    --no-checkpoint writes only the small per-seed parameter files"""
-    max_minutes: float | None = None
-    """stop after this many minutes of wall time (compilation included), evaluating and saving first"""
-    truncate_task_input: bool = False
-    """feed int32(w) to the agent as the original code did ([1,1,.5,.5] became [1,1,0,0]); rewards use float w"""
-    time_limit_is_termination: bool = False
-    """the original's time limit: an episode's last transition is learned as a terminal one (no bootstrap) instead
-    of being masked"""
-    learner_unroll: int = 1
-    """speed only: recurrent steps per loop iteration of the learner's unroll (lax.scan's unroll); the gradients
-    are the same up to float rounding (benchmarks/sgd_variants.py measures what pays on a device)"""
-    joint_target_unroll: bool = False
-    """speed only: the online and target networks unroll side by side in one loop (stacked on a leading axis)
-    instead of one loop each, same values; off by default: 1.5x slower on a CPU (benchmarks/sgd_variants.py)"""
-    lstm_grad_after_loop: bool = False
-    """speed only: the recurrent weight's gradient (the LSTM's W_h; FARM: the module LSTMs' weight) is formed after
-    the backward loop, as one matmul over every step of the batch, instead of summed step by step inside it
-    (common.networks.scan_with_weight_grad_after); same gradient; off by default: 8-15% slower on a
-    CPU (benchmarks/sgd_variants.py)"""
-
-    env: str = "babyai"
-    """environment: babyai, fruitbot or minihack (the defaults marked "default: ..." follow it)"""
-    distribution_mode: str = "paper"
-    """Fruitbot: the game: "paper" (the original's per-task games: easy mode, levels 90 tall, each task its own object
-    lists, no completion bonus; JAX only), or stock procgen's "hard" (all 12 object types, doors) or "easy" (4 types)"""
-    env_backend: str = "jax"
-    """Fruitbot: "jax": the game in JAX inside the jitted program (common/fruitbot_jax.py); "procgen": stock procgen on
-    the host through io_callback (hard or easy only)"""
-    train_levels: int | None = None
-    """Fruitbot, MiniHack: training levels: level seeds 0..train_levels-1 (procgen, MiniHack), or with Fruitbot's JAX
-    backend a pool of that many levels per task drawn once from key 0 (the same for every seed, as procgen's); 0: a
-    fresh level every time (default: 200 on Fruitbot and MiniHack's small room, 1000 in the large room)"""
-    eval_levels: int = 1_000
-    """Fruitbot, JAX: evaluation levels per task, a pool drawn from another key than the training levels (0: a fresh
-    level every time, slower); procgen evaluates on unrestricted levels"""
-    max_levels: int = fruitbot.MAX_LEVELS
-    """Fruitbot: levels per episode (lifetime)"""
-    room_size: str = "5x5"
-    """MiniHack: 5x5 (the paper's small room) or 15x15 (the large room)"""
-    env_workers: int = 1
-    """MiniHack: processes stepping each seed's envs in parallel (1: in this process; more on a machine with many
-    cores: the same episodes, faster)"""
-    value_transform: str | None = None
-    """the targets' value transform: identity or signed_hyperbolic (default: identity on BabyAI, signed_hyperbolic on
-    Fruitbot and MiniHack, as the original)"""
+    # --- The algorithm: network, losses, sequences and targets, replay, optimiser, acting (defaults: the paper's) ---
     farm: bool = False
     """UVFA-FARM: FARM module states instead of one LSTM"""
     modular: bool = False
     """MVFA: FARM module states, Q = sum_k Q^k(s^k, w^k) (implies FARM states)"""
-    lstm_size: int | None = None
-    """LSTM state size (UVFA; default: 512 on BabyAI, 256 on Fruitbot and MiniHack)"""
     num_modules: int | None = None
     """FARM modules (--farm, --modular; default: 4, 3 on MiniHack)"""
     module_size: int | None = None
@@ -151,10 +71,14 @@ class Args:
     """heads of FARM's inter-module attention (--farm, --modular; default: 2, 1 on MiniHack)"""
     projection_dim: int = 16
     """channels of FARM's feature attention (--farm, --modular)"""
+    lstm_size: int | None = None
+    """LSTM state size (UVFA; default: 512 on BabyAI, 256 on Fruitbot and MiniHack)"""
     q_hidden: tuple[int, ...] | None = None
     """hidden sizes of the value and advantage MLPs of the duelling head (default: 128 on BabyAI, 512 512 on
     Fruitbot and MiniHack)"""
-
+    value_transform: str | None = None
+    """the targets' value transform: identity or signed_hyperbolic (default: identity on BabyAI, signed_hyperbolic on
+    Fruitbot and MiniHack, as the original)"""
     sequence_length: int = 41
     """steps per replayed sequence (sequence period + 1)"""
     sequence_period: int = 40
@@ -186,6 +110,8 @@ class Args:
     """gradients are clipped to this global norm"""
     target_update_period: int = 2500
     """SGD steps between copies of the online network into the target network"""
+    num_envs: int = 32
+    """parallel envs per seed (the original used 3 actor processes)"""
     epsilon_exponents: tuple[float, float] = (1.0, 8.0)
     """each env draws epsilon per episode from logspace(a, b, num_epsilons, base=epsilon_base)"""
     num_epsilons: int = 256
@@ -202,6 +128,85 @@ class Args:
         for name, value in settings.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
+
+    # --- The environment and its levels ---
+    env: str = "babyai"
+    """environment: babyai, fruitbot or minihack (the defaults marked "default: ..." follow it)"""
+    distribution_mode: str = "paper"
+    """Fruitbot: the game: "paper" (the original's per-task games: easy mode, levels 90 tall, each task its own object
+    lists, no completion bonus; JAX only), or stock procgen's "hard" (all 12 object types, doors) or "easy" (4 types)"""
+    env_backend: str = "jax"
+    """Fruitbot: "jax": the game in JAX inside the jitted program (common/fruitbot_jax.py); "procgen": stock procgen on
+    the host through io_callback (hard or easy only)"""
+    room_size: str = "5x5"
+    """MiniHack: 5x5 (the paper's small room) or 15x15 (the large room)"""
+    train_levels: int | None = None
+    """Fruitbot, MiniHack: training levels: level seeds 0..train_levels-1 (procgen, MiniHack), or with Fruitbot's JAX
+    backend a pool of that many levels per task drawn once from key 0 (the same for every seed, as procgen's); 0: a
+    fresh level every time (default: 200 on Fruitbot and MiniHack's small room, 1000 in the large room)"""
+    eval_levels: int = 1_000
+    """Fruitbot, JAX: evaluation levels per task, a pool drawn from another key than the training levels (0: a fresh
+    level every time, slower); procgen evaluates on unrestricted levels"""
+    max_levels: int = fruitbot.MAX_LEVELS
+    """Fruitbot: levels per episode (lifetime)"""
+
+    # --- The original code's quirks (off: the method as the paper describes it; on: as the authors' code ran it) ---
+    truncate_task_input: bool = False
+    """feed int32(w) to the agent as the original code did ([1,1,.5,.5] became [1,1,0,0]); rewards use float w"""
+    time_limit_is_termination: bool = False
+    """the original's time limit: an episode's last transition is learned as a terminal one (no bootstrap) instead
+    of being masked"""
+
+    # --- Run controls: seeds, budget, logging, evaluation, checkpoints, and options that change speed only ---
+    exp_name: str = os.path.splitext(os.path.basename(__file__))[0]
+    """name of the experiment (prefix of the default run directory): the script's file name, so a copy names its own"""
+    seed: int = 1
+    """seed of the first run; vmapped runs use seed, seed + 1, ..."""
+    num_seeds: int = 1
+    """independent runs trained side by side in one program (vmapped)"""
+    total_timesteps: int | None = None
+    """env steps per seed (rounded up to whole iterations of num_envs x sequence_period; default: the paper's, 5M on
+    BabyAI, 10M on Fruitbot)"""
+    run_dir: str | None = None
+    """where config.json, metrics.csv, eval.csv, checkpoint.eqx and TensorBoard files go (default runs/<name>)"""
+    eval_episodes: int | None = None
+    """greedy episodes per task at each evaluation (default: 20 on BabyAI, 10 on Fruitbot)"""
+    eval_every: int | None = None
+    """env steps (per seed) between evaluations; one more runs at the end (default: 250k on BabyAI, 500k on
+    Fruitbot)"""
+    log_every: int = 2_560
+    """env steps (per seed) between progress lines and metrics rows"""
+    track: bool = False
+    """log to Weights & Biases"""
+    wandb_project_name: str = "msfa-jax"
+    """Weights & Biases project (with --track)"""
+    wandb_entity: str | None = None
+    """Weights & Biases entity (with --track)"""
+    resume: bool = False
+    """continue the run in --run-dir from its checkpoint, with its saved settings"""
+    overwrite: bool = False
+    """start anew in a --run-dir that holds a run, moving the old one aside to <run-dir>.replaced-<time>"""
+    checkpoint_minutes: float = 10.0
+    """minutes of wall time between checkpoints (also written at every evaluation and on Ctrl-C)"""
+    checkpoint: bool = True
+    """write checkpoint.eqx (replay included: ~1 GB per seed at the paper's size) so that the run can be resumed;
+    --no-checkpoint writes only the small per-seed parameter files"""
+    max_minutes: float | None = None
+    """stop after this many minutes of wall time (compilation included), evaluating and saving first"""
+    env_workers: int = 1
+    """MiniHack: processes stepping each seed's envs in parallel (1: in this process; more on a machine with many
+    cores: the same episodes, faster)"""
+    learner_unroll: int = 1
+    """speed only: recurrent steps per loop iteration of the learner's unroll (lax.scan's unroll); the gradients
+    are the same up to float rounding (benchmarks/sgd_variants.py measures what pays on a device)"""
+    joint_target_unroll: bool = False
+    """speed only: the online and target networks unroll side by side in one loop (stacked on a leading axis)
+    instead of one loop each, same values; off by default: 1.5x slower on a CPU (benchmarks/sgd_variants.py)"""
+    lstm_grad_after_loop: bool = False
+    """speed only: the recurrent weight's gradient (the LSTM's W_h; FARM: the module LSTMs' weight) is formed after
+    the backward loop, as one matmul over every step of the batch, instead of summed step by step inside it
+    (common.networks.scan_with_weight_grad_after); same gradient; off by default: 8-15% slower on a
+    CPU (benchmarks/sgd_variants.py)"""
 
 
 PAPER_SETTINGS = {
