@@ -547,6 +547,7 @@ class FruitbotJax(environment.Environment):
         super().__init__()
         self.config, self.max_levels, self.final_view = CONFIGS[config], max_levels, final_view
         self.images = frame.frame_images()
+        self._default_params = None
 
     def make_params(self, tasks, num_levels: int = 200, seed: int = 0) -> EnvParams:
         """Params for `tasks`; num_levels > 0 draws that many levels per task once (from `seed`), as procgen's
@@ -564,7 +565,12 @@ class FruitbotJax(environment.Environment):
 
     @property
     def default_params(self) -> EnvParams:
-        return self.make_params(TRAIN_TASKS)
+        """The train tasks, 200 levels each: drawn once (concretely, also when first asked for inside a jitted
+        function) and kept, so reset and step without params do not redraw the pool at every call."""
+        if self._default_params is None:
+            with jax.ensure_compile_time_eval():
+                self._default_params = self.make_params(TRAIN_TASKS)
+        return self._default_params
 
     @property
     def name(self) -> str:

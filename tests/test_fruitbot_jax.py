@@ -385,6 +385,17 @@ def test_levels_come_from_the_pool_and_fresh_levels_differ():
     assert len({tuple(np.asarray(x).round(5)) for x in np.asarray(starts.game.x[:, 1:])}) == 64
 
 
+def test_the_default_params_are_drawn_once_and_concretely():
+    """reset/step without params use the train tasks' 200-level pools, drawn once: first asked for inside a jitted
+    reset, they are kept as concrete arrays (no leaked tracer), and a later call reuses them."""
+    env = fj.FruitbotJax("stock-easy")
+    obs, state = jax.jit(env.reset)(jax.random.PRNGKey(0))
+    params = env.default_params
+    assert not isinstance(params.pool.x, jax.core.Tracer) and params.pool.x.shape[1] == 200
+    env.step(jax.random.PRNGKey(1), state, 0)
+    assert env.default_params is params
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: fj.FruitbotJax("medium"), "Fruitbot config must be one of"),
     (lambda: fj.FruitbotJax("paper").make_params([[0.5, 0, 0, 0]]), "has no game for task [0.5, 0.0, 0.0, 0.0]"),
