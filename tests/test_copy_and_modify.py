@@ -69,9 +69,9 @@ def test_the_copy_names_itself_and_logs_its_metric(copied_run):
 
 
 def test_every_results_tool_rebuilds_the_copys_agent(copied_run, tmp_path, capsys):
-    from results import analyze, compare, plot, summarize
+    from results import analyze, compare, plot, summarize, video
 
-    from helpers import replayed_evaluation
+    from helpers import check_video_is_the_evaluations, replayed_evaluation
 
     _, run = copied_run
     again, ran = replayed_evaluation(run, 128, tmp_path)  # the copy's own network and settings, the same numbers
@@ -84,6 +84,9 @@ def test_every_results_tool_rebuilds_the_copys_agent(copied_run, tmp_path, capsy
     compare.main(compare.Args(run_dirs=(str(run),)))
     out = capsys.readouterr().out
     assert "MSFA" in out
+    check_video_is_the_evaluations(run, "-1,1,0,1", "on")  # the copy's episode, as its own evaluation plays it
+    video.main(video.Args(run_dir=str(run), task="1,0,0,0", max_steps=3, out=str(tmp_path / "copy.gif")))
+    assert "3 frames" in capsys.readouterr().out
 
 
 def test_a_moved_copy_gives_one_line(copied_run, tmp_path, capsys):
