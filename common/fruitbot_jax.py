@@ -667,15 +667,15 @@ def gap_seeking_action(game: Game, config: GameConfig) -> jax.Array:
 
 
 def policy_returns(policy: str, config: str = "paper", tasks=TRAIN_TASKS, num_episodes: int = 100, seed: int = 0,
-                   num_levels: int = 200):
+                   num_levels: int = 200, level_key: int = 0):
     """Per task: mean and standard error of the lifetime return of "random" or "scripted" play, and the mean
-    levels completed, on the training levels (num_levels, drawn as the scripts draw them: key 0) or fresh ones
-    (num_levels 0)."""
+    levels completed, on a pool of num_levels levels per task drawn from level_key (the scripts' training levels:
+    200 from key 0; their evaluation levels: 1000 from key 1) or on fresh levels (num_levels 0)."""
     require(policy in ("random", "scripted"), f"policy must be random or scripted, got {policy!r}")
     require(num_episodes >= 2, f"num_episodes must be at least 2 to give a standard error, got {num_episodes}")
     env = FruitbotJax(config)
     tasks = np.asarray(tasks, np.float32)
-    params = env.make_params(tasks, num_levels=num_levels, seed=0)
+    params = env.make_params(tasks, num_levels=num_levels, seed=level_key)
     n = len(tasks) * num_episodes
     task_of_env = jnp.repeat(jnp.arange(len(tasks)), num_episodes)
 
@@ -706,14 +706,17 @@ def policy_returns(policy: str, config: str = "paper", tasks=TRAIN_TASKS, num_ep
     return returns.mean(1), returns.std(1, ddof=1) / np.sqrt(num_episodes), levels.mean()
 
 
-def _print_reference_table(config: str = "paper", episodes: int = 100, seed: int = 0, num_levels: int = 200):
+def _print_reference_table(config: str = "paper", episodes: int = 100, seed: int = 0, num_levels: int = 200,
+                           level_key: int = 0):
     from common.run import format_task
 
+    levels = "fresh levels" if num_levels == 0 else f"{num_levels} levels per task from key {level_key}"
     print(f"| split | task | random | scripted gap-seeker |  ({episodes} lifetimes of up to {MAX_LEVELS} levels, "
-          f"{config}, {'fresh levels' if num_levels == 0 else f'{num_levels} training levels'}, seed {seed})")
+          f"{config}, {levels}, seed {seed})")
     print("|---|---|---:|---:|")
     for split, tasks in (("train", TRAIN_TASKS), ("test", TEST_TASKS)):
-        results = [policy_returns(p, config, tasks, episodes, seed, num_levels) for p in ("random", "scripted")]
+        results = [policy_returns(p, config, tasks, episodes, seed, num_levels, level_key)
+                   for p in ("random", "scripted")]
         for i, w in enumerate(tasks):
             print(f"| {split} | {format_task(w)} | "
                   + " | ".join(f"{mean[i]:.3f} ± {se[i]:.3f}" for mean, se, _ in results) + " |")
@@ -732,6 +735,8 @@ if __name__ == "__main__":
     parser.add_argument("--episodes", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-levels", type=int, default=200,
-                        help="200: the training levels (per task, key 0, as the scripts); 0: fresh levels")
+                        help="levels per task in the pool (200 with key 0: the scripts' training levels; 1000 with key "
+                             "1: their evaluation levels); 0: fresh levels")
+    parser.add_argument("--level-key", type=int, default=0, help="the key the level pool is drawn from")
     cli = parser.parse_args()
-    exit_on_config_error(_print_reference_table)(cli.config, cli.episodes, cli.seed, cli.num_levels)
+    exit_on_config_error(_print_reference_table)(cli.config, cli.episodes, cli.seed, cli.num_levels, cli.level_key)
