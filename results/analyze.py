@@ -35,7 +35,7 @@ import tyro
 
 from common.babyai import CATEGORY_KINDS, TEST_TASKS, TRAIN_TASKS, EnvParams
 from common.run import cumulant_quality, exit_on_config_error, format_task, require
-from results.evaluate import load_agent, parse_tasks
+from results.evaluate import load_agent, params_files, parse_tasks
 from results.summarize import run_env
 
 PAPER_TABLE_A = {  # the paper's Table A: task -> (MSFA, USFA-learned-phi), mean ± std over 40 episodes per task
@@ -77,9 +77,7 @@ class Agent:
 
 
 def load_agents(run_dir: Path) -> list[Agent]:
-    files = sorted(run_dir.glob("params_seed*.eqx"), key=lambda p: int(p.stem.split("seed")[1]))
-    require(run_dir.is_dir(), f"{run_dir} is not a directory; pass run directories holding params_seed<N>.eqx")
-    require(files, f"no params_seed<N>.eqx in {run_dir}; pass a run directory that has evaluated at least once")
+    files = params_files(run_dir)
     agents = []
     for path in files:
         script, args, params, header = load_agent(path)

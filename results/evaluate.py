@@ -71,6 +71,15 @@ def parse_tasks(text: str, train=babyai.TRAIN_TASKS, test=babyai.TEST_TASKS) -> 
     return np.asarray(rows, np.float32)
 
 
+def params_files(run_dir: Path) -> list[Path]:
+    """A run's parameter files, params_seed<N>.eqx, in seed order; one line if there are none."""
+    require(run_dir.is_dir(), f"{run_dir} is not a directory: no params_seed<N>.eqx there; pass a run directory that "
+                              "has evaluated at least once")
+    files = sorted(run_dir.glob("params_seed*.eqx"), key=lambda p: int(p.stem.split("seed")[1]))
+    require(files, f"no params_seed<N>.eqx in {run_dir}; pass a run directory that has evaluated at least once")
+    return files
+
+
 def load_agent(path: Path):
     """(script module, its Args, the seed's online params, header) from a params_seed<N>.eqx file."""
     with path.open("rb") as f:
@@ -101,8 +110,7 @@ def load_agent(path: Path):
 @exit_on_config_error
 def main(args: Args) -> None:
     run_dir = Path(args.run_dir)
-    files = sorted(run_dir.glob("params_seed*.eqx"), key=lambda p: int(p.stem.split("seed")[1]))
-    require(files, f"no params_seed<N>.eqx in {run_dir}; pass a run directory that has evaluated at least once")
+    files = params_files(run_dir)
     require(args.gpi in ("both", "on", "off"), f"--gpi must be both, on or off, got {args.gpi!r}")
     require(args.episodes > 0, f"--episodes must be positive, got {args.episodes}")
     agents = [load_agent(path) for path in files]

@@ -22,7 +22,6 @@ file (params_seed<N>.eqx, written at every evaluation), rebuilt with the script 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import equinox as eqx
@@ -32,7 +31,7 @@ import numpy as np
 import tyro
 
 from common.run import exit_on_config_error, format_task, require
-from results.evaluate import load_agent, parse_tasks
+from results.evaluate import load_agent, params_files, parse_tasks
 from results.summarize import args_env, tasks_of_env
 
 CATEGORY_NAMES = {
@@ -83,9 +82,7 @@ class Trace:
 
 
 def select_params(run_dir: Path, run_seed: int | None) -> Path:
-    files = sorted(run_dir.glob("params_seed*.eqx"), key=lambda p: int(p.stem.split("seed")[1]))
-    require(run_dir.is_dir(), f"{run_dir} is not a directory; pass a run directory holding params_seed<N>.eqx")
-    require(files, f"no params_seed<N>.eqx in {run_dir}; pass a run directory that has evaluated at least once")
+    files = params_files(run_dir)
     if run_seed is None:
         return files[0]
     path = run_dir / f"params_seed{run_seed}.eqx"
@@ -242,7 +239,7 @@ def play_host(script, setup, args, params, w, use_gpi: bool, key, max_steps: int
                 end = ("success" if info["success"][0] else "died" if info["died"][0] else "timeout") if done else ""
             else:
                 phi = np.asarray(info["phi"][0], np.float32)
-                end = ("died" if info.get("died", [False])[0] else "timeout") if done else ""
+                end = ("died" if info["died"][0] else "timeout") if done else ""
             rows.add([frame], action, reward[0], phi, q, z, contribution, end)
             prev_action, prev_reward = action, jnp.asarray(reward[0], jnp.float32)
             if done:
