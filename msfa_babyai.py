@@ -694,9 +694,10 @@ EVAL_TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])
 TRAIN_TASK_NAMES = [format_task(w) for w in TRAIN_TASKS]
 
 
-def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
-    """A jitted evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params, on the train
-    and test tasks (or any task vectors: results/evaluate.py)."""
+def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS, gpi_settings=GPI_SETTINGS):
+    """A jitted evaluate(params, key) -> returns [gpi_settings, tasks, episodes] of one seed's params, on the train
+    and test tasks (or any task vectors: results/evaluate.py). gpi_settings picks the settings played (--gpi on|off
+    there plays one); each setting keeps its own keys, so its returns are those of playing both."""
     env = setup.env
     policies = jnp.asarray(TRAIN_TASKS)
 
@@ -724,7 +725,7 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
     def evaluate(params, key):
         keys = jax.random.split(key, (2, len(tasks), args.eval_episodes))
         out = []
-        for g in GPI_SETTINGS:
+        for g in gpi_settings:
             per_episode = jax.vmap(partial(episode_return, use_gpi=g == 1), (None, 0, None))
             out.append(jax.vmap(per_episode, (None, 0, 0))(params, keys[g], tasks))
         return jnp.stack(out)

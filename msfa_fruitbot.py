@@ -785,14 +785,16 @@ EVAL_TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])
 TRAIN_TASK_NAMES = [format_task(w) for w in TRAIN_TASKS]
 
 
-def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
-    """evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params: every (task, episode)
-    is one env of a Fruitbot on unrestricted levels, played greedily until each env has finished one lifetime; the
-    network acts for all envs at once (jitted), the envs step on the host."""
+def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS, gpi_settings=GPI_SETTINGS):
+    """evaluate(params, key) -> returns [gpi_settings, tasks, episodes] of one seed's params: every (task, episode)
+    is one env of a Fruitbot, played greedily until each env has finished one lifetime. The JAX game: one jitted
+    loop on the evaluation levels (make_jax_evaluate); procgen: unrestricted levels, the network acting for all envs
+    at once (jitted), the envs stepping on the host. gpi_settings picks the settings played (results/evaluate.py
+    --gpi on|off plays one); each keeps its own keys and levels, so its returns are those of playing both."""
     policies = jnp.asarray(TRAIN_TASKS if args.gpi_support == "train" else TEST_TASKS)
     tasks = np.asarray(tasks, np.float32)
     if setup.env is not None:
-        return make_jax_evaluate(setup, args, tasks, policies)
+        return make_jax_evaluate(setup, args, tasks, policies, gpi_settings)
 
     @partial(jax.jit, static_argnames="use_gpi")
     def act(params, image, w, prev_action, prev_reward, first, rnn, use_gpi: bool):
@@ -810,7 +812,7 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
         n = len(tasks) * args.eval_episodes
         initial = eqx.combine(params, setup.static).core.initial_state()
         out = []
-        for g in GPI_SETTINGS:
+        for g in gpi_settings:
             env = make_env(args, n, seed, tasks, num_levels=0,
                            task_of_env=np.repeat(np.arange(len(tasks)), args.eval_episodes))
             obs = env.reset()
@@ -831,7 +833,7 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
     return evaluate
 
 
-def make_jax_evaluate(setup: Setup, args: Args, tasks: np.ndarray, policies):
+def make_jax_evaluate(setup: Setup, args: Args, tasks: np.ndarray, policies, gpi_settings):
     """The JAX backend's evaluate(params, key): every (task, episode) is one env on the evaluation levels, all
     played greedily in one jitted loop until each has finished one lifetime."""
     env, e = setup.env, args.eval_episodes
@@ -867,7 +869,7 @@ def make_jax_evaluate(setup: Setup, args: Args, tasks: np.ndarray, policies):
         return carry[-2].reshape(len(tasks), e)
 
     def evaluate(params, key):
-        return np.stack([np.asarray(play(params, key, use_gpi=g == 1)) for g in GPI_SETTINGS])
+        return np.stack([np.asarray(play(params, key, use_gpi=g == 1)) for g in gpi_settings])
 
     return evaluate
 

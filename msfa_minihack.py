@@ -766,10 +766,12 @@ EVAL_TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])
 TRAIN_TASK_NAMES = [format_task(w) for w in TRAIN_TASKS]
 
 
-def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
-    """evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params: every (task, episode)
+def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS, gpi_settings=GPI_SETTINGS):
+    """evaluate(params, key) -> returns [gpi_settings, tasks, episodes] of one seed's params: every (task, episode)
     is one env on fresh levels, played greedily until each env has finished one episode (a return of 1 is a
-    success); the network acts for all envs at once (jitted), the envs step on the host."""
+    success); the network acts for all envs at once (jitted), the envs step on the host. gpi_settings picks the
+    settings played (results/evaluate.py --gpi on|off plays one); each keeps its own levels, so its returns are
+    those of playing both."""
     policies = jnp.asarray(TRAIN_TASKS if args.gpi_support == "train" else TEST_TASKS)
     tasks = np.asarray(tasks, np.float32)
 
@@ -789,7 +791,7 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS):
         n = len(tasks) * args.eval_episodes
         initial = eqx.combine(params, setup.static).core.initial_state()
         out = []
-        for g in GPI_SETTINGS:
+        for g in gpi_settings:
             env = make_env(args, n, seed, tasks, num_levels=0,
                            task_of_env=np.repeat(np.arange(len(tasks)), args.eval_episodes))
             obs = env.reset()

@@ -930,16 +930,17 @@ def eval_tasks(args: Args) -> np.ndarray:
     return np.concatenate([env_module(args).TRAIN_TASKS, env_module(args).TEST_TASKS])
 
 
-def make_evaluate(setup: Setup, args: Args, tasks=None):
-    """evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params, on the train and test
+def make_evaluate(setup: Setup, args: Args, tasks=None, gpi_settings=GPI_SETTINGS):
+    """evaluate(params, key) -> returns [gpi_settings, tasks, episodes] of one seed's params, on the train and test
     tasks (or any task vectors: results/evaluate.py). BabyAI and Fruitbot's JAX game: one jitted program; host envs
     (MiniHack, Fruitbot on procgen): greedy episodes on unrestricted levels, the network acting for all (task,
-    episode) envs at once, the envs on the host."""
+    episode) envs at once, the envs on the host. gpi_settings picks the settings played (results/evaluate.py --gpi
+    on|off plays one); each keeps its own keys and levels, so its returns are those of playing both."""
     tasks = eval_tasks(args) if tasks is None else tasks
     if on_host(args):
-        return make_host_evaluate(setup, args, tasks)
+        return make_host_evaluate(setup, args, tasks, gpi_settings)
     if args.env == "fruitbot":
-        return make_jax_evaluate(setup, args, np.asarray(tasks, np.float32), gpi_policies(args))
+        return make_jax_evaluate(setup, args, np.asarray(tasks, np.float32), gpi_policies(args), gpi_settings)
     env = setup.env
     policies = jnp.asarray(babyai.TRAIN_TASKS)
 
@@ -967,7 +968,7 @@ def make_evaluate(setup: Setup, args: Args, tasks=None):
     def evaluate(params, key):
         keys = jax.random.split(key, (2, len(tasks), args.eval_episodes))
         out = []
-        for g in GPI_SETTINGS:
+        for g in gpi_settings:
             per_episode = jax.vmap(partial(episode_return, use_gpi=g == 1), (None, 0, None))
             out.append(jax.vmap(per_episode, (None, 0, 0))(params, keys[g], tasks))
         return jnp.stack(out)
@@ -981,7 +982,7 @@ def gpi_policies(args: Args):
     return jnp.asarray(env_tasks.TRAIN_TASKS if args.gpi_support == "train" else env_tasks.TEST_TASKS)
 
 
-def make_jax_evaluate(setup: Setup, args: Args, tasks: np.ndarray, policies):
+def make_jax_evaluate(setup: Setup, args: Args, tasks: np.ndarray, policies, gpi_settings):
     """Fruitbot's JAX backend's evaluate(params, key): every (task, episode) is one env on the evaluation levels, all
     played greedily in one jitted loop until each has finished one lifetime."""
     env, e = setup.env, args.eval_episodes
@@ -1017,12 +1018,12 @@ def make_jax_evaluate(setup: Setup, args: Args, tasks: np.ndarray, policies):
         return carry[-2].reshape(len(tasks), e)
 
     def evaluate(params, key):
-        return np.stack([np.asarray(play(params, key, use_gpi=g == 1)) for g in GPI_SETTINGS])
+        return np.stack([np.asarray(play(params, key, use_gpi=g == 1)) for g in gpi_settings])
 
     return evaluate
 
 
-def make_host_evaluate(setup: Setup, args: Args, tasks):
+def make_host_evaluate(setup: Setup, args: Args, tasks, gpi_settings):
     policies = gpi_policies(args)
     tasks = np.asarray(tasks, np.float32)
 
@@ -1042,7 +1043,7 @@ def make_host_evaluate(setup: Setup, args: Args, tasks):
         n = len(tasks) * args.eval_episodes
         initial = eqx.combine(params, setup.static).core.initial_state()
         out = []
-        for g in GPI_SETTINGS:
+        for g in gpi_settings:
             env = make_host_env(args, n, seed, tasks, num_levels=0,
                                 task_of_env=np.repeat(np.arange(len(tasks)), args.eval_episodes))
             obs = env.reset()

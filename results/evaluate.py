@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import importlib
+import inspect
 import json
 import sys
 from dataclasses import dataclass
@@ -44,7 +45,8 @@ class Args:
     episodes: int = 40
     """greedy episodes per task, seed and GPI setting"""
     gpi: str = "both"
-    """both, on (GPI over the train tasks) or off (act on w); methods without GPI have off only"""
+    """both, on (GPI over the train tasks) or off (act on w); methods without GPI have off only. One setting is
+    played alone (half the time of both) and gives the same rows as that setting of both"""
     seed: int = 0
     """seed of the evaluation episodes (a run's own evaluation at step S used 10000 + S)"""
     out: str | None = None
@@ -107,6 +109,17 @@ def load_agent(path: Path):
     return script, args, params, header
 
 
+def play(script, run_args, params, tasks: np.ndarray, settings: tuple, key) -> np.ndarray:
+    """The script's evaluation of the GPI settings asked for: returns [settings, tasks, episodes]. Each setting keeps
+    its own keys, so --gpi off gives the rows of --gpi both's off setting at half the cost. A copied script written
+    before make_evaluate took gpi_settings plays all its settings and the others are dropped."""
+    setup = script.make_setup(run_args)
+    if "gpi_settings" in inspect.signature(script.make_evaluate).parameters:
+        return np.asarray(script.make_evaluate(setup, run_args, tasks, gpi_settings=settings)(params, key))
+    returns = np.asarray(script.make_evaluate(setup, run_args, tasks)(params, key))
+    return returns[[script.GPI_SETTINGS.index(g) for g in settings]]
+
+
 @exit_on_config_error
 def main(args: Args) -> None:
     run_dir = Path(args.run_dir)
@@ -121,15 +134,13 @@ def main(args: Args) -> None:
     train = {format_task(w) for w in train_tasks}
     rows = []
     for script, run_args, params, header in agents:
-        settings = [g for g in script.GPI_SETTINGS if args.gpi == "both" or g == (args.gpi == "on")]
+        settings = tuple(g for g in script.GPI_SETTINGS if args.gpi == "both" or g == (args.gpi == "on"))
         require(settings, f"{header['method']} has no GPI: use --gpi off or both")
         run_args = dataclasses.replace(run_args, eval_episodes=args.episodes)
-        evaluate = script.make_evaluate(script.make_setup(run_args), run_args, tasks)
-        returns = np.asarray(evaluate(params, jax.random.fold_in(jax.random.PRNGKey(args.seed), header["seed"])))
-        for g_index, g in enumerate(script.GPI_SETTINGS):
-            if g not in settings:
-                continue
-            for w, r in zip(tasks, returns[g_index]):
+        returns = play(script, run_args, params, tasks, settings,
+                       jax.random.fold_in(jax.random.PRNGKey(args.seed), header["seed"]))
+        for g, returns_of_setting in zip(settings, returns):
+            for w, r in zip(tasks, returns_of_setting):
                 rows.append({"step": header["step"], "seed": header["seed"],
                              "split": "train" if format_task(w) in train else "test", "task": format_task(w),
                              "gpi": g, "episodes": len(r), "return_mean": float(r.mean()),

@@ -65,14 +65,16 @@ def random_sequence(script, key, length: int, state, episode_end=None, pickups: 
     return script.Sequence(steps=steps, state=state)
 
 
-def replayed_evaluation(run_dir, step: int, tmp_path) -> tuple[list[dict], list[dict]]:
+def replayed_evaluation(run_dir, step: int, tmp_path, gpi: str = "both") -> tuple[list[dict], list[dict]]:
     """(results/evaluate.py's rows for a run's saved agents with the key the run's own evaluation at `step` used,
-    the run's eval.csv rows of that step): a saved agent of any script and env must reproduce its run's numbers."""
+    the run's eval.csv rows of that step and GPI setting): a saved agent of any script and env must reproduce its
+    run's numbers, also when one GPI setting is played alone (--gpi on|off)."""
     from results import evaluate
 
-    ran = [r for r in csv.DictReader(open(run_dir / "eval.csv")) if r["step"] == str(step)]
+    ran = [r for r in csv.DictReader(open(run_dir / "eval.csv")) if r["step"] == str(step)
+           and (gpi == "both" or r["gpi"] == str(int(gpi == "on")))]
     evaluate.main(evaluate.Args(run_dir=str(run_dir), tasks="train;test", episodes=int(ran[0]["episodes"]),
-                                seed=10_000 + step, out=str(tmp_path / "again.csv")))
+                                seed=10_000 + step, gpi=gpi, out=str(tmp_path / "again.csv")))
     return list(csv.DictReader(open(tmp_path / "again.csv"))), ran
 
 

@@ -152,3 +152,5 @@ def test_tiny_run_end_to_end(backend, tmp_path, capsys):
     assert int(list(csv.DictReader(open(run / "metrics.csv")))[-1]["step"]) == first + 32
     again, ran = replayed_evaluation(run, first + 32, tmp_path)  # results/evaluate.py on the saved agents
     assert again == ran and len(ran) == 2 * 2 * (len(TRAIN_TASKS) + len(TEST_TASKS))
+    again, ran = replayed_evaluation(run, first + 32, tmp_path, gpi="on")  # GPI alone: the same rows
+    assert again == ran and {r["gpi"] for r in ran} == {"1"}

@@ -287,6 +287,46 @@ def test_a_saved_agent_evaluates_on_any_task_and_reproduces_its_runs_evaluation(
         ("1,1,0,0", "0", "3", "test"), ("-1,1,-1,1", "0", "3", "test")]
 
 
+def test_one_gpi_setting_alone_gives_that_settings_rows_of_both(tmp_path):
+    """--gpi on|off plays one setting (half the cost) with that setting's own keys: the same rows as --gpi both.
+    On the committed H200 MSFA agent, whose returns differ from episode to episode (a tiny run's are all 0)."""
+    from results import evaluate
+
+    agent = ROOT / "results/babyai/paper_protocol_h200/msfa"
+    rows = {}
+    for gpi in ("both", "on", "off"):
+        evaluate.main(evaluate.Args(run_dir=str(agent), tasks="1,1,0,0", episodes=3, seed=4, gpi=gpi,
+                                    out=str(tmp_path / f"{gpi}.csv")))
+        rows[gpi] = read(tmp_path / f"{gpi}.csv")
+    assert [r["gpi"] for r in rows["both"]] == ["0", "1"] and float(rows["both"][1]["return_std"]) > 0
+    assert rows["off"] == rows["both"][:1] and rows["on"] == rows["both"][1:]
+
+
+def test_evaluate_plays_only_the_gpi_settings_asked_for():
+    """results.evaluate hands the settings to make_evaluate; a copied script written before make_evaluate took
+    gpi_settings plays all of them and keeps those asked for."""
+    from types import SimpleNamespace
+
+    from results.evaluate import play
+
+    asked = []
+    returns = np.stack([np.full((2, 3), 10.0), np.full((2, 3), 11.0)])  # [GPI setting, task, episode]
+
+    def make_evaluate(setup, args, tasks, gpi_settings=(0, 1)):
+        asked.append(gpi_settings)
+        return lambda params, key: returns[list(gpi_settings)]
+
+    def old_make_evaluate(setup, args, tasks):
+        return lambda params, key: returns
+
+    for make in (make_evaluate, old_make_evaluate):
+        script = SimpleNamespace(GPI_SETTINGS=(0, 1), make_setup=lambda args: None, make_evaluate=make)
+        assert (play(script, None, None, None, (1,), None) == 11.0).all()
+        assert (play(script, None, None, None, (0,), None) == 10.0).all()
+        assert play(script, None, None, None, (0, 1), None).shape == (2, 2, 3)
+    assert asked == [(1,), (0,), (0, 1)]
+
+
 @pytest.mark.parametrize("overrides, message", [
     (dict(tasks="1,1,0"), "has 3 weights"),
     (dict(tasks="1,a,0,0"), "is not a task vector"),
