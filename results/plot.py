@@ -231,7 +231,10 @@ def actor_curves(plt, runs, train_tasks, window: int, random_success, reference_
         ax.set_xlabel("env steps per seed")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"actors' return (epsilon-greedy), {window} log rows pooled")
-    axes[-1].legend(fontsize=8, loc="lower right")
+    if axes[-1].get_legend_handles_labels()[0]:
+        axes[-1].legend(fontsize=8, loc="lower right")
+    else:  # no run has a whole window of log rows yet, and no random-play reference was asked for
+        axes[0].text(0.5, 0.5, f"no run has {window} log rows yet", transform=axes[0].transAxes, ha="center")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
