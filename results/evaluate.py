@@ -111,8 +111,9 @@ def load_agent(path: Path):
 
 def play(script, run_args, params, tasks: np.ndarray, settings: tuple, key) -> np.ndarray:
     """The script's evaluation of the GPI settings asked for: returns [settings, tasks, episodes]. Each setting keeps
-    its own keys, so --gpi off gives the rows of --gpi both's off setting at half the cost. A copied script written
-    before make_evaluate took gpi_settings plays all its settings and the others are dropped."""
+    its own keys, so --gpi off gives the rows of --gpi both's off setting at half the cost. A make_evaluate without
+    gpi_settings (uvfa.py's, which has one setting; copies written before the parameter) plays all its settings and
+    the others are dropped."""
     setup = script.make_setup(run_args)
     if "gpi_settings" in inspect.signature(script.make_evaluate).parameters:
         return np.asarray(script.make_evaluate(setup, run_args, tasks, gpi_settings=settings)(params, key))

@@ -103,13 +103,13 @@ def assert_a_uvfa_training_iteration_traces(args: "uvfa.Args", num_train_tasks: 
 
 def evaluation_return(run_dir: Path, w, use_gpi: bool, seed: int = 0) -> float:
     """The run's own script's evaluation of one episode of task w (as results.evaluate --episodes 1 --seed seed)."""
-    from results.evaluate import load_agent, params_files
+    from results.evaluate import load_agent, params_files, play
 
     script, args, params, header = load_agent(params_files(run_dir)[0])
     args = dataclasses.replace(args, eval_episodes=1)
-    evaluate = script.make_evaluate(script.make_setup(args), args, np.asarray([w], np.float32))
-    returns = np.asarray(evaluate(params, jax.random.fold_in(jax.random.PRNGKey(seed), header["seed"])))
-    return float(returns[script.GPI_SETTINGS.index(int(use_gpi)), 0, 0])
+    returns = play(script, args, params, np.asarray([w], np.float32), (int(use_gpi),),
+                   jax.random.fold_in(jax.random.PRNGKey(seed), header["seed"]))
+    return float(returns[0, 0, 0])
 
 
 def check_video_is_the_evaluations(run_dir: Path, task: str, gpi: str, seed: int = 0, max_steps: int = 400):
