@@ -33,9 +33,9 @@ import numpy as np
 import optax
 
 from common.babyai import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, EnvParams, GotoAvoid, make_params
-from common.farm import FarmCore
+from common.farm import BACKENDS, FarmCore, default_backend
 from common.gpi import gpi_values
-from common.networks import MLP, count_params, oar_vector, scan_with_weight_grad_after
+from common.networks import MLP, count_params, oar_vector
 from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_config_error, format_task,
                         parse_args, metric_fields, metric_rows, progress_line, require, require_finite,
                         require_fraction, require_non_negative, require_positive, shard_seeds)
@@ -152,16 +152,10 @@ class Args:
     --no-checkpoint writes only the small per-seed parameter files"""
     max_minutes: float | None = None
     """stop after this many minutes of wall time (compilation included), evaluating and saving first"""
-    learner_unroll: int = 1
-    """speed only: recurrent steps per loop iteration of the learner's unroll (lax.scan's unroll); the gradients
-    are the same up to float rounding (benchmarks/sgd_variants.py measures what pays on a device)"""
-    joint_target_unroll: bool = False
-    """speed only: the online and target networks unroll side by side in one loop (stacked on a leading axis)
-    instead of one loop each, same values; off by default: 1.5x slower on a CPU (benchmarks/sgd_variants.py)"""
-    lstm_grad_after_loop: bool = False
-    """speed only: the module LSTMs' weight gradient is formed after the backward loop, as one matmul over every
-    step of the batch, instead of summed step by step inside it (common.networks.scan_with_weight_grad_after); same
-    gradient; off by default: 8-15% slower on a CPU (benchmarks/sgd_variants.py)"""
+    core_backend: str | None = None
+    """speed only: how FARM's recurrence is computed: xla (common/farm.py's step in a lax.scan), pallas (the same
+    function as fused GPU kernels, common/farm_pallas.py), pallas-bf16 (those with the LSTMs' weight in bfloat16:
+    not exact); default: the fastest measured on this device kind (docs/learner_speed.md)"""
 
 
 def check_args(args: Args) -> None:
@@ -169,7 +163,9 @@ def check_args(args: Args) -> None:
     require_positive(args, "num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every",
                      "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
                      "num_modules", "attention_heads", "projection_dim", "learning_rate", "adam_eps", "max_grad_norm",
-                     "checkpoint_minutes", "epsilon_base", "samples_per_insert", "learner_unroll")
+                     "checkpoint_minutes", "epsilon_base", "samples_per_insert")
+    require(args.core_backend in (None, *BACKENDS),
+            f"--core-backend must be one of {', '.join(BACKENDS)}, got {args.core_backend}")
     require(args.max_minutes is None or args.max_minutes > 0, f"--max-minutes must be positive, got {args.max_minutes}")
     require_non_negative(args, "q_coeff", "sf_coeff", "phi_coeff", "seed", "importance_exponent")
     require(all(x > 0 for x in args.psi_hidden + args.phi_hidden), "--psi-hidden and --phi-hidden sizes must be "
@@ -229,7 +225,8 @@ class MSFANetwork(eqx.Module):
         k_core, k_psi, k_phi = jax.random.split(key, 3)
         n, d = args.num_modules, module_size(args)
         per_module = task_dim // n
-        self.core = FarmCore(NUM_ACTIONS, n, d, args.attention_heads, args.projection_dim, k_core)
+        self.core = FarmCore(NUM_ACTIONS, n, d, args.attention_heads, args.projection_dim, k_core,
+                             backend=args.core_backend or default_backend())
         if args.entangled_psi:
             self.psi_mlp = MLP((n * d + task_dim, *args.psi_hidden, NUM_ACTIONS * task_dim), k_psi)
         else:
@@ -303,43 +300,19 @@ def core_step(core, rgb, prev_action, prev_reward, state):
     return core.recur(core.torso(rgb), oar_vector(prev_action, prev_reward, NUM_ACTIONS), state)
 
 
-def recurrence(core, maps, vectors, seq: Sequence, args: Args):
-    """The recurrent states (h, c) [T, ...] along a sequence from the torso's maps and the [a_prev; r_prev] vectors,
-    resetting at episode starts. The core's state-independent part runs for all steps at once, before the loop; the
-    loop runs what reads the states (common/farm.py, common/networks.py); with --lstm-grad-after-loop the recurrent
-    weight's gradient is formed after the loop."""
-    def step(recurrent_weight, params, state, inputs, first, offset):
-        core, fused = params
-        state, multiplied = core.step(fused, inputs, reset_where(first, state, core.initial_state()),
-                                      recurrent_weight, offset)
-        return state, state, multiplied
-
-    return scan_with_weight_grad_after(step, core.recurrent_weight(), (core, core.fused_weights()), seq.state,
-                                       core.inputs(maps, vectors), seq.steps.first, core.RECURRENT_PRODUCT,
-                                       args.learner_unroll, args.lstm_grad_after_loop)
-
-
-def unroll(core, render, seq: Sequence, args: Args):
+def unroll(core, render, seq: Sequence):
     """The torso's maps [T, ...] of a sequence's views (the torso runs outside the loop) and the recurrent states
     (h, c) [T, ...] along it."""
     maps = jax.vmap(lambda o: core.torso(render(o)))(seq.steps.obs)
     vectors = jax.vmap(partial(oar_vector, num_actions=NUM_ACTIONS))(seq.steps.prev_action, seq.steps.prev_reward)
-    return maps, recurrence(core, maps, vectors, seq, args)
+    return maps, core.unroll(maps, vectors, seq.steps.first, seq.state)
 
 
-def unroll_online_and_target(core, target_core, render, seq: Sequence, args: Args):
+def unroll_online_and_target(core, target_core, render, seq: Sequence):
     """The online core's maps and states (h, c) [T, ...] and the target core's h [T, ...] (stop-gradient) along a
-    sequence. With --joint-target-unroll both run in one loop, the two networks' arrays stacked on a leading axis:
-    half the dependent loop iterations of two unrolls, each step's kernels doing twice the rows."""
-    if not args.joint_target_unroll:
-        maps, states = unroll(core, render, seq, args)
-        return maps, states, jax.lax.stop_gradient(unroll(target_core, render, seq, args)[1][0])
-    online, static = eqx.partition(core, eqx.is_array)
-    target = jax.lax.stop_gradient(eqx.filter(target_core, eqx.is_array))
-    pair = jax.tree.map(lambda a, b: jnp.stack([a, b]), online, target)
-    maps, states = jax.vmap(lambda arrays: unroll(eqx.combine(arrays, static), render, seq, args))(pair)
-    first = lambda x: x[0]  # noqa: E731
-    return first(maps), jax.tree.map(first, states), jax.lax.stop_gradient(states[0][1])
+    sequence."""
+    maps, states = unroll(core, render, seq)
+    return maps, states, jax.lax.stop_gradient(unroll(target_core, render, seq)[1][0])
 
 
 def keeps_final_view(args) -> bool:
@@ -426,7 +399,7 @@ def importance_weights(probabilities, exponent: float):
 
 def successor_features(net, target_net, render, seq: Sequence, args: Args):
     """States (h, c) [T, ...] along a sequence, and the online and (stop-gradient) target psi [T, A, C] of z = w."""
-    _, states, h_target = unroll_online_and_target(net.core, target_net.core, render, seq, args)
+    _, states, h_target = unroll_online_and_target(net.core, target_net.core, render, seq)
     return states, jax.vmap(net.psi)(states[0], seq.steps.w), jax.vmap(target_net.psi)(h_target, seq.steps.w)
 
 

@@ -46,8 +46,8 @@ from jax.experimental import io_callback
 
 from common import babyai, fruitbot, fruitbot_jax, minihack
 from common.babyai import EnvParams, GotoAvoid, Observation, make_params
-from common.farm import FarmCore, apply_per_module
-from common.networks import MLP, LSTMCore, count_params, oar_vector, scan_with_weight_grad_after
+from common.farm import BACKENDS, FarmCore, apply_per_module, default_backend
+from common.networks import MLP, LSTMCore, count_params, oar_vector
 from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, format_task, parse_args,
                         metric_fields, metric_rows, progress_line, require, require_finite, require_fraction,
                         require_non_negative, require_positive, shard_seeds)
@@ -196,17 +196,10 @@ class Args:
     env_workers: int = 1
     """MiniHack: processes stepping each seed's envs in parallel (1: in this process; more on a machine with many
     cores: the same episodes, faster)"""
-    learner_unroll: int = 1
-    """speed only: recurrent steps per loop iteration of the learner's unroll (lax.scan's unroll); the gradients
-    are the same up to float rounding (benchmarks/sgd_variants.py measures what pays on a device)"""
-    joint_target_unroll: bool = False
-    """speed only: the online and target networks unroll side by side in one loop (stacked on a leading axis)
-    instead of one loop each, same values; off by default: 1.5x slower on a CPU (benchmarks/sgd_variants.py)"""
-    lstm_grad_after_loop: bool = False
-    """speed only: the recurrent weight's gradient (the LSTM's W_h; FARM: the module LSTMs' weight) is formed after
-    the backward loop, as one matmul over every step of the batch, instead of summed step by step inside it
-    (common.networks.scan_with_weight_grad_after); same gradient; off by default: 8-15% slower on a
-    CPU (benchmarks/sgd_variants.py)"""
+    core_backend: str | None = None
+    """speed only: how FARM's recurrence is computed: xla (common/farm.py's step in a lax.scan), pallas (the same
+    function as fused GPU kernels, common/farm_pallas.py), pallas-bf16 (those with the LSTMs' weight in bfloat16:
+    not exact); default: the fastest measured on this device kind (docs/learner_speed.md)"""
 
 
 PAPER_SETTINGS = {
@@ -268,8 +261,9 @@ def check_args(args: Args) -> None:
     require_positive(args, "num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every",
                      "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
                      "lstm_size", "num_modules", "module_size", "attention_heads", "projection_dim", "learning_rate",
-                     "adam_eps", "max_grad_norm", "checkpoint_minutes", "epsilon_base", "samples_per_insert",
-                     "learner_unroll")
+                     "adam_eps", "max_grad_norm", "checkpoint_minutes", "epsilon_base", "samples_per_insert")
+    require(args.core_backend in (None, *BACKENDS),
+            f"--core-backend must be one of {', '.join(BACKENDS)}, got {args.core_backend}")
     require(args.max_minutes is None or args.max_minutes > 0, f"--max-minutes must be positive, got {args.max_minutes}")
     require_non_negative(args, "seed", "importance_exponent")
     require(all(x > 0 for x in args.q_hidden), f"--q-hidden sizes must be positive, got {args.q_hidden}")
@@ -359,7 +353,8 @@ class UVFANetwork(eqx.Module):
         num_actions, torso = env_module(args).NUM_ACTIONS, TORSOS[args.env]
         if args.farm or args.modular:
             n, d = args.num_modules, args.module_size
-            self.core = FarmCore(num_actions, n, d, args.attention_heads, args.projection_dim, k_core, torso=torso)
+            self.core = FarmCore(num_actions, n, d, args.attention_heads, args.projection_dim, k_core, torso=torso,
+                                 backend=args.core_backend or default_backend())
             state_size = n * d
         else:
             self.core = LSTMCore(num_actions, args.lstm_size, k_core, torso=torso)
@@ -422,44 +417,20 @@ def core_step(core, rgb, prev_action, prev_reward, state):
     return core.recur(core.torso(rgb), oar_vector(prev_action, prev_reward, core.num_actions), state)
 
 
-def recurrence(core, maps, vectors, seq: Sequence, args: Args):
-    """The recurrent states (h, c) [T, ...] along a sequence from the torso's maps and the [a_prev; r_prev] vectors,
-    resetting at episode starts. The core's state-independent part runs for all steps at once, before the loop; the
-    loop runs what reads the states (common/farm.py, common/networks.py); with --lstm-grad-after-loop the recurrent
-    weight's gradient is formed after the loop."""
-    def step(recurrent_weight, params, state, inputs, first, offset):
-        core, fused = params
-        state, multiplied = core.step(fused, inputs, reset_where(first, state, core.initial_state()),
-                                      recurrent_weight, offset)
-        return state, state, multiplied
-
-    return scan_with_weight_grad_after(step, core.recurrent_weight(), (core, core.fused_weights()), seq.state,
-                                       core.inputs(maps, vectors), seq.steps.first, core.RECURRENT_PRODUCT,
-                                       args.learner_unroll, args.lstm_grad_after_loop)
-
-
-def unroll(core, render, seq: Sequence, args: Args):
+def unroll(core, render, seq: Sequence):
     """The torso's maps [T, ...] of a sequence's views (the torso runs outside the loop) and the recurrent states
     (h, c) [T, ...] along it."""
     maps = jax.vmap(lambda o: core.torso(render(o)))(seq.steps.obs)
     vectors = jax.vmap(partial(oar_vector, num_actions=core.num_actions))(seq.steps.prev_action,
                                                                           seq.steps.prev_reward)
-    return maps, recurrence(core, maps, vectors, seq, args)
+    return maps, core.unroll(maps, vectors, seq.steps.first, seq.state)
 
 
-def unroll_online_and_target(core, target_core, render, seq: Sequence, args: Args):
+def unroll_online_and_target(core, target_core, render, seq: Sequence):
     """The online core's maps and states (h, c) [T, ...] and the target core's h [T, ...] (stop-gradient) along a
-    sequence. With --joint-target-unroll both run in one loop, the two networks' arrays stacked on a leading axis:
-    half the dependent loop iterations of two unrolls, each step's kernels doing twice the rows."""
-    if not args.joint_target_unroll:
-        maps, states = unroll(core, render, seq, args)
-        return maps, states, jax.lax.stop_gradient(unroll(target_core, render, seq, args)[1][0])
-    online, static = eqx.partition(core, eqx.is_array)
-    target = jax.lax.stop_gradient(eqx.filter(target_core, eqx.is_array))
-    pair = jax.tree.map(lambda a, b: jnp.stack([a, b]), online, target)
-    maps, states = jax.vmap(lambda arrays: unroll(eqx.combine(arrays, static), render, seq, args))(pair)
-    first = lambda x: x[0]  # noqa: E731
-    return first(maps), jax.tree.map(first, states), jax.lax.stop_gradient(states[0][1])
+    sequence."""
+    maps, states = unroll(core, render, seq)
+    return maps, states, jax.lax.stop_gradient(unroll(target_core, render, seq)[1][0])
 
 
 # =====================================================================================================================
@@ -554,7 +525,7 @@ def sequence_loss(net: UVFANetwork, target_net: UVFANetwork, render, seq: Sequen
 
     step_mask [T-1] (optional) keeps only some transitions: the masking test uses it to look at one episode."""
     s = seq.steps
-    _, (h, _), h_target = unroll_online_and_target(net.core, target_net.core, render, seq, args)
+    _, (h, _), h_target = unroll_online_and_target(net.core, target_net.core, render, seq)
     q = jax.vmap(net.q)(h, s.w)  # [T, A]
     q_target = jax.vmap(target_net.q)(h_target, s.w)
     steps, taken = jnp.arange(q.shape[0] - 1), s.action[:-1]

@@ -21,6 +21,9 @@ So the step is split in two:
   batched matmul.
 The parameters are the layers above, unchanged (checkpoints written before this arrangement load as they are);
 `weights` gathers their fused views once per unroll. `FARM.__call__` (one step, for acting) runs the same two parts.
+
+`FarmCore.unroll` runs `step` in a lax.scan (the `xla` backend, the definition) or, with `backend="pallas"`, the same
+function as fused GPU kernels, three per step each way (common/farm_pallas.py); tests hold the two equal.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from common import farm_pallas
 from common.networks import TORSOS, DQNTorso, ImpalaTorso, LSTMCell, linear
 
 
@@ -118,85 +122,99 @@ class FARM(eqx.Module):
                                  self.gate.weight[:, :, :d].reshape(-1, d)]).T
         return FarmWeights(state, jnp.concatenate([self.w_gate.weight, self.w_out.weight]).T)
 
-    def step(self, weights: FarmWeights, inputs: FarmInputs, state, lstm_weight=None, lstm_offset=0.0):
-        """One step from the module states (h, c) [n, d] and one step's inputs; returns the new state and the LSTMs'
-        input [u; z; h] [n, L].
-
-        lstm_weight: the LSTMs' weight [n, 4d, L] (default: the parameter); a learner that forms its gradient after
-        the loop (common.networks.scan_with_weight_grad_after) passes it in, and lstm_offset [n, 4d], a zero whose
-        gradient is that of the LSTMs' pre-activations."""
+    def step(self, weights: FarmWeights, inputs: FarmInputs, state):
+        """One step from the module states (h, c) [n, d] and one step's inputs (2-4 above); returns the new state."""
         h, c = state
         n, d, heads = self.num_modules, self.module_size, self.num_heads
         a = heads * d
         y = h @ weights.state  # [n, 3a + nP]: every linear map of h
-        queries = (y[:, :a] + inputs.query).reshape(n, heads, d)
-        keys = jnp.concatenate([y[:, a:2 * a] + self.key.bias, self.key.bias[None]]).reshape(n + 1, heads, d)
-        values = jnp.concatenate([y[:, 2 * a:3 * a] + self.value.bias, self.value.bias[None]]).reshape(n + 1, heads, d)
         projection = inputs.pixels.shape[-1]
         own_gate = jnp.diagonal(y[:, 3 * a:].reshape(n, n, projection), axis1=0, axis2=1).T  # module k's gate of h^k
 
+        # 2. feature attention: each module gates the projected pixels with its own gate, then Mix
+        gated = inputs.pixels[None] * jax.nn.sigmoid(own_gate + inputs.gate)[:, None, :]  # [n, HW, P]
+        z = (gated @ self.mix.weight.T + self.mix.bias).reshape(n, -1)
+
         # 3. inter-module attention over [h; 0]: logits [n, n + 1, heads], softmax over the memory rows
+        queries = (y[:, :a] + inputs.query).reshape(n, heads, d)
+        keys = jnp.concatenate([y[:, a:2 * a] + self.key.bias, self.key.bias[None]]).reshape(n + 1, heads, d)
+        values = jnp.concatenate([y[:, 2 * a:3 * a] + self.value.bias, self.value.bias[None]]).reshape(n + 1, heads, d)
         logits = jnp.sum(queries[:, None] * keys[None], axis=-1) / math.sqrt(d)
         read = jnp.sum(jax.nn.softmax(logits, axis=1)[..., None] * values[None], axis=1).reshape(n, a)
         gate_out = read @ weights.read
         q = jnp.concatenate([h, jnp.broadcast_to(inputs.vector, (n, inputs.vector.shape[-1]))], axis=-1)
         u = q + jax.nn.sigmoid(gate_out[:, :q.shape[1]] - self.b_gate) * jnp.tanh(gate_out[:, q.shape[1]:])
 
-        # 2. feature attention
-        gated = inputs.pixels[None] * jax.nn.sigmoid(own_gate + inputs.gate)[:, None, :]  # [n, HW, P]
-        z = (gated @ self.mix.weight.T + self.mix.bias).reshape(n, -1)
-
         # 4. per-module LSTMs (haiku's: gates i, g, f, o; forget bias +1)
         lstm_input = jnp.concatenate([u, z, h], axis=-1)
-        weight = self.lstm.linear.weight if lstm_weight is None else lstm_weight
-        gates = jnp.einsum("noi,ni->no", weight, lstm_input) + self.lstm.linear.bias + lstm_offset
+        gates = jnp.einsum("noi,ni->no", self.lstm.linear.weight, lstm_input) + self.lstm.linear.bias
         i, g, f, o = jnp.split(gates, 4, axis=-1)
         c = jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-        return (jax.nn.sigmoid(o) * jnp.tanh(c), c), lstm_input
+        return jax.nn.sigmoid(o) * jnp.tanh(c), c
 
     def __call__(self, image_map, vector, state):
         """image_map [H, W, C], vector [V], state (h, c) each [n, d] -> new state; h^k_t is new_state[0][k]."""
-        return self.step(self.weights(), self.inputs(image_map, vector), state)[0]
+        return self.step(self.weights(), self.inputs(image_map, vector), state)
+
+
+BACKENDS = ("xla", "pallas", "pallas-bf16")
+"""How FarmCore computes FARM's recurrence: `xla`, the step above in a lax.scan; `pallas`, the same function as
+fused GPU kernels (common/farm_pallas.py; Pallas' interpreter on a CPU: slow, for tests); `pallas-bf16`, the kernels
+with the LSTMs' weight in bfloat16 (float32 state and accumulation; not exact, ~1e-3)."""
+
+FASTEST_MEASURED = {"cpu": "xla", "gpu": "xla"}
+"""--core-backend's default per device kind: the fastest measured there (benchmarks/sgd_variants.py). On GPUs the
+kernels have not been measured yet, so XLA stays the default until they are."""
+
+
+def default_backend() -> str:
+    return FASTEST_MEASURED.get(jax.default_backend(), "xla")
 
 
 class FarmCore(eqx.Module):
     """The MSFA/UVFA-FARM state: the torso's map (DQN 5x5x16 or Impala 8x8x32, not flattened) read by FARM
-    modules."""
+    modules. `backend` (static: not a parameter, so checkpoints are the same for every backend) says how the
+    recurrence is computed (BACKENDS)."""
 
     torso: DQNTorso | ImpalaTorso
     farm: FARM
     num_actions: int = eqx.field(static=True)  # the size of the one-hot previous action it reads
+    backend: str = eqx.field(static=True, default="xla")
 
     def __init__(self, num_actions: int, num_modules: int, module_size: int, num_heads: int, projection: int, key,
-                 torso: str = "dqn"):
+                 torso: str = "dqn", backend: str = "xla"):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown FARM backend {backend!r}; choose from {', '.join(BACKENDS)}")
         k_torso, k_farm = jax.random.split(key)
-        self.num_actions = num_actions
+        self.num_actions, self.backend = num_actions, backend
         torso_class, (height, width, channels) = TORSOS[torso]
         self.torso = torso_class(k_torso)
         self.farm = FARM(num_modules, module_size, num_heads, channels=channels, num_pixels=height * width,
                          vector_size=num_actions + 1, projection=projection, key=k_farm)
 
-    RECURRENT_PRODUCT = "noi,ni->no"
-    """how `step` applies the recurrent weight (the module LSTMs' [n, 4d, L]) (for scan_with_weight_grad_after)"""
-
     def initial_state(self):
         return self.farm.initial_state()
 
-    def inputs(self, image_map, vector) -> FarmInputs:
-        """FARM's state-independent inputs from the torso's maps [..., H, W, C] and the vectors [..., V]."""
-        return self.farm.inputs(image_map, vector)
+    def unroll(self, maps, vectors, first, state):
+        """The states (h, c) [T, n, d] along a sequence: the torso's maps [T, H, W, C], the [a_prev; r_prev]
+        vectors [T, V], first [T] (reset to the initial state before these steps) and the state before the first.
+        FARM's state-independent part runs for all steps at once, outside the loop."""
+        inputs = self.farm.inputs(maps, vectors)
+        if self.backend != "xla":  # the same function as fused kernels (a vmap over sequences becomes their rows)
+            return farm_pallas.unroll_sequence(self.farm, inputs, first, state, farm_pallas.config_for(self.backend))
+        weights, initial = self.farm.weights(), self.initial_state()
 
-    def recurrent_weight(self):
-        """The module LSTMs' weight [n, 4d, L], the largest weight the recurrence reads."""
-        return self.farm.lstm.linear.weight
+        def step(state, x):
+            inputs, first = x
+            state = jax.tree.map(lambda s, i: jnp.where(first, i, s), state, initial)
+            state = self.farm.step(weights, inputs, state)
+            return state, state
 
-    def fused_weights(self) -> FarmWeights:
-        return self.farm.weights()
-
-    def step(self, fused: FarmWeights, inputs: FarmInputs, state, recurrent_weight, offset=0.0):
-        """One FARM step (see FARM.step); returns the new state and the LSTMs' input."""
-        return self.farm.step(fused, inputs, state, recurrent_weight, offset)
+        return jax.lax.scan(step, state, (inputs, first))[1]
 
     def recur(self, image_map, vector, state):
-        """One step: (h, c) each [num_modules, module_size]."""
+        """One step (acting, evaluation): (h, c) each [num_modules, module_size]."""
+        if self.backend != "xla":
+            out = self.unroll(image_map[None], vector[None], jnp.zeros((1,), bool), state)
+            return jax.tree.map(lambda x: x[0], out)
         return self.farm(image_map, vector, state)

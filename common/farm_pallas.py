@@ -28,8 +28,8 @@ read from a scalar: no per-step copies or slices around the kernels.
 
 Batching. The learner's losses are per sequence and vmapped over the batch; a plain vmap of a kernel would give each
 sequence its own program and read the weights once per sequence. `unroll` is a `jax.custom_batching.custom_vmap`
-whose rule runs the batch-explicit kernels, with the batch as rows. Vmapping over seeds (weights batched too) adds
-a grid axis. One limit follows: reverse-mode differentiation must see the batch vmap inside it (jax.grad of a
+(`unroll_sequence`) whose rule runs the batch-explicit kernels (`unroll_batch`), with the batch as rows. Vmapping
+over seeds (weights batched too) adds a grid axis. One limit follows: reverse-mode differentiation must see the batch vmap inside it (jax.grad of a
 vmapped loss, as every script's batch_loss does); differentiating a single unbatched sequence raises JAX's
 "Linearization failed" error (vmap it over a batch of one).
 
@@ -39,6 +39,7 @@ jax.default_matmul_precision ("highest" gives float32 dots on a GPU; the default
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, replace
 from functools import partial
@@ -89,9 +90,23 @@ class Config:
     num_stages: int = 1
 
 
+_FOR_GPU = [False]
+
+
+@contextlib.contextmanager
+def traced_for_gpu():
+    """Within it, FarmCore traces the GPU kernels even on a CPU, so that a program can be lowered for CUDA without a
+    GPU (jax.jit(f).trace(...).lower(lowering_platforms=("cuda",)): tests/test_farm_kernels.py)."""
+    _FOR_GPU[0] = True
+    try:
+        yield
+    finally:
+        _FOR_GPU[0] = False
+
+
 def config_for(backend: str) -> Config:
     """The kernels' settings for a --core-backend value: interpret mode where JAX's default device is a CPU."""
-    return Config(interpret=jax.default_backend() == "cpu", lstm_bf16=backend == "pallas-bf16")
+    return Config(interpret=jax.default_backend() == "cpu" and not _FOR_GPU[0], lstm_bf16=backend == "pallas-bf16")
 
 
 class Dims(NamedTuple):
@@ -642,7 +657,7 @@ def unroll_batch(farm, inputs, first, state, cfg: Config):
     return unpad(hs), unpad(cs)
 
 
-def unroll(farm, inputs, first, state, cfg: Config):
+def unroll_sequence(farm, inputs, first, state, cfg: Config):
     """FARM along one sequence: inputs FarmInputs [T, ...], first [T], state (h, c) [n, d] -> (h, c) [T, n, d].
     Under a vmap over sequences (the learner's batch, the actors' envs) the sequences become the kernels' rows;
     see the module's docstring for the one limit this implies."""

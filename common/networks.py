@@ -8,7 +8,6 @@ LSTM gates (i, g, f, o) from one Linear on [x; h] with the forget gate biased by
 from __future__ import annotations
 
 import math
-import re
 
 import equinox as eqx
 import jax
@@ -196,17 +195,14 @@ class LSTMCore(eqx.Module):
 
     With the Impala torso the flattened map first goes through Linear(256) and ReLU, as in the original.
 
-    Like FarmCore, a step is split for a learner's unroll: `inputs` (the LSTM's gates from [a_prev; r_prev; torso],
-    which do not depend on the state) for a whole sequence outside the loop, and `step`, which adds W_h h inside it.
+    For a learner's unroll the gates' state-independent part W_x [vector; features] + b runs for all steps at once,
+    outside the loop, which adds W_h h.
     """
 
     torso: DQNTorso | ImpalaTorso
     lstm: LSTMCell
     num_actions: int = eqx.field(static=True)  # the size of the one-hot previous action it reads
     flat: eqx.nn.Linear | None = None
-
-    RECURRENT_PRODUCT = "oi,i->o"
-    """how `step` applies the recurrent weight W_h [4H, H] to h (for scan_with_weight_grad_after)"""
 
     def __init__(self, num_actions: int, hidden_size: int, key, torso: str = "dqn", flat_size: int = 256):
         k_torso, k_lstm, k_flat = jax.random.split(key, 3)
@@ -230,92 +226,30 @@ class LSTMCore(eqx.Module):
         x = jnp.concatenate([vector, features], axis=-1)
         return x @ self.lstm.linear.weight[:, :x.shape[-1]].T + self.lstm.linear.bias
 
-    def recurrent_weight(self):
-        """W_h [4H, H], the one weight the recurrence reads."""
-        return self.lstm.linear.weight[:, -self.lstm.hidden_size:]
-
-    def fused_weights(self):
-        return ()
-
-    def step(self, fused, inputs, state, recurrent_weight, offset=0.0):
-        """One step from one step's inputs [4H] and the state (h, c); returns the new state and h, what the
-        recurrent weight multiplied. fused: unused (FarmCore's interface)."""
+    def step(self, inputs, state):
+        """One step from one step's inputs [4H] and the state (h, c)."""
         h, c = state
-        i, g, f, o = jnp.split(inputs + jnp.einsum(self.RECURRENT_PRODUCT, recurrent_weight, h) + offset, 4, axis=-1)
+        w_h = self.lstm.linear.weight[:, -self.lstm.hidden_size:]
+        i, g, f, o = jnp.split(inputs + w_h @ h, 4, axis=-1)
         c = jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-        return (jax.nn.sigmoid(o) * jnp.tanh(c), c), h
+        return jax.nn.sigmoid(o) * jnp.tanh(c), c
+
+    def unroll(self, maps, vectors, first, state):
+        """The states (h, c) [T, H] along a sequence: maps [T, H, W, C], vectors [T, V], first [T] (reset to the
+        initial state before these steps) and the state before the first."""
+        initial = self.initial_state()
+
+        def step(state, x):
+            inputs, first = x
+            state = jax.tree.map(lambda s, i: jnp.where(first, i, s), state, initial)
+            state = self.step(inputs, state)
+            return state, state
+
+        return jax.lax.scan(step, state, (self.inputs(maps, vectors), first))[1]
 
     def recur(self, image_map, vector, state):
         """One step: (h, c) each [hidden_size]."""
-        return self.step((), self.inputs(image_map, vector), state, self.recurrent_weight())[0]
-
-
-def scan_with_weight_grad_after(step, weight, params, carry, xs, static_xs, product: str, unroll: int = 1,
-                                grad_after_loop: bool = True):
-    """lax.scan over a recurrent cell whose gradient for its recurrent `weight` is formed after the loop.
-
-    step(weight, params, carry, x, static_x, offset) -> (carry, y, v) must apply `weight` only as
-    einsum(product, weight, v) + offset (e.g. the LSTM gates W [x; h] with product "oi,i->o"); it returns the ys
-    stacked [T, ...]. The result and its gradient are those of the plain scan (offset = 0), up to float rounding.
-
-    Why: a plain scan's backward adds each step's weight gradient dgates_t v_t^T into a running sum, one matmul and
-    one read-modify-write of the whole weight gradient per step, inside the latency-bound loop (and, for 10 vmapped
-    seeds on a GPU, the biggest memory traffic of the SGD step). Here the loop only returns dgates_t (the gradient of
-    the zero `offset`), and dW = sum_t dgates_t v_t^T is one matmul over all steps (and, under vmap over a batch,
-    over all sequences) after it. params and xs are differentiated; carry and static_xs (e.g. episode-start flags)
-    are not. grad_after_loop=False runs the plain scan (for comparison).
-    """
-    if not grad_after_loop:
-        def plain(c, x):
-            c, y, _ = step(weight, params, c, *x, 0.0)
-            return c, y
-        return jax.lax.scan(plain, carry, (xs, static_xs), unroll=unroll)[1]
-    return _scan_deferred((weight, params, xs), step, carry, static_xs, product, unroll)
-
-
-def _run_with_offsets(step, weight, carry, static_xs, unroll):
-    def run(params, xs, offsets):
-        def body(c, x):
-            x, static_x, offset = x
-            c, y, v = step(weight, params, c, x, static_x, offset)
-            return c, (y, v)
-        return jax.lax.scan(body, carry, (xs, static_xs, offsets), unroll=unroll)[1]
-    return run
-
-
-def _zero_offsets(step, weight, params, carry, xs, static_xs, product):
-    """Zeros [T, ...] shaped like the per-step product einsum(product, weight, v)."""
-    first = jax.tree.map(lambda x: x[0], (xs, static_xs))
-    v = jax.eval_shape(lambda: step(weight, params, carry, *first, 0.0)[2])
-    out = jax.eval_shape(lambda: jnp.einsum(product, weight, jnp.zeros(v.shape, v.dtype)))
-    length = jax.tree.leaves(static_xs)[0].shape[0]
-    return jnp.zeros((length,) + out.shape, out.dtype)
-
-
-@eqx.filter_custom_vjp
-def _scan_deferred(diff, step, carry, static_xs, product, unroll):
-    weight, params, xs = diff
-    offsets = _zero_offsets(step, weight, params, carry, xs, static_xs, product)
-    return _run_with_offsets(step, weight, carry, static_xs, unroll)(params, xs, offsets)[0]
-
-
-@_scan_deferred.def_fwd
-def _scan_deferred_fwd(perturbed, diff, step, carry, static_xs, product, unroll):
-    weight, params, xs = diff
-    offsets = _zero_offsets(step, weight, params, carry, xs, static_xs, product)
-    (ys, vs), vjp = jax.vjp(_run_with_offsets(step, weight, carry, static_xs, unroll), params, xs, offsets)
-    return ys, (vjp, ys, vs)
-
-
-@_scan_deferred.def_bwd
-def _scan_deferred_bwd(residuals, d_ys, perturbed, diff, step, carry, static_xs, product, unroll):
-    vjp, ys, vs = residuals
-    d_ys = jax.tree.map(lambda d, y: jnp.zeros_like(y) if d is None else d, d_ys, ys,
-                        is_leaf=lambda x: x is None)
-    d_params, d_xs, d_offsets = vjp((d_ys, jnp.zeros_like(vs)))
-    w_in, v_in, out = re.match(r"(\w+),(\w+)->(\w+)", product).groups()
-    d_weight = jnp.einsum(f"t{out},t{v_in}->{w_in}", d_offsets, vs)  # one matmul over every step
-    return d_weight, d_params, d_xs
+        return self.step(self.inputs(image_map, vector), state)
 
 
 def count_params(model) -> int:

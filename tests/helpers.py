@@ -2,8 +2,11 @@
 
 import csv
 import dataclasses
+import inspect
+from functools import partial
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +17,8 @@ import msfa_fruitbot
 import msfa_minihack
 import usfa
 import uvfa
+from common.babyai import GotoAvoid
+from common.minihack import render as render_minihack, tile_set
 
 RUN = dict(num_envs=4, sequence_period=8, sequence_length=9, replay_size=64, min_replay_size=8, batch_size=4,
            samples_per_insert=2.0, target_update_period=3, eval_episodes=2)
@@ -127,3 +132,31 @@ def check_video_is_the_evaluations(run_dir: Path, task: str, gpi: str, seed: int
     if trace.contribution.shape[1] > 0:
         np.testing.assert_allclose(trace.contribution.sum(-1), trace.q, atol=1e-4)
     return trace
+
+
+RENDER_OF_ENV = {"babyai": GotoAvoid().rgb_from_symbolic, "fruitbot": lambda x: x,
+                 "minihack": partial(render_minihack, tile_images=jnp.asarray(tile_set()[0]))}
+"""the render of the scripts that take one (usfa.py, uvfa.py, msfa_babyai.py)"""
+
+
+def gradients_and_priorities(script, args, env: str, seed: int = 0):
+    """One SGD step's gradient (every parameter) and priorities, as the script's sgd_step computes them."""
+    k = jax.random.split(jax.random.PRNGKey(seed), 4)
+    net, target = script.make_network(args, k[0]), script.make_network(args, k[1])
+    params, static = eqx.partition(net, eqx.is_inexact_array)
+    target_params = eqx.filter(target, eqx.is_inexact_array)
+    from benchmarks.sgd_variants import random_batch
+
+    batch = random_batch(script, args, env, k[2], batch=3)
+    probabilities = jax.random.uniform(k[3], (batch.steps.first.shape[0],), minval=0.01, maxval=0.1)
+    takes_render = "render" in inspect.signature(script.batch_loss).parameters
+    render = (RENDER_OF_ENV[env],) if takes_render else ()
+
+    def grad(params, target_params, batch, probabilities):  # data as arguments: nothing for XLA to constant-fold
+        def loss(params):
+            return script.batch_loss(eqx.combine(params, static), eqx.combine(target_params, static), *render, batch,
+                                     probabilities, args)
+        grads, (priorities, _) = jax.grad(loss, has_aux=True)(params)
+        return grads, priorities
+
+    return jax.jit(grad)(params, target_params, batch, probabilities)

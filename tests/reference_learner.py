@@ -4,8 +4,7 @@ checked against (tests/test_fused_learner.py) and timed against (benchmarks/sgd_
 It is the paper's FARM step written layer by layer (every linear map applied on its own, the pixel projection and
 the action/reward terms inside the step), the LSTM core's step as one Linear on [x; h], and an unroll that runs the
 whole step inside one plain `lax.scan` (the weight gradients summed step by step in its backward loop). `patched`
-swaps these into a script, and the script's --no-joint-target-unroll then unrolls the online and target networks in
-two loops, as before: the old SGD step, with the script's own losses, targets and priorities.
+swaps these into the cores: the old SGD step, with the script's own losses, targets and priorities.
 """
 
 from __future__ import annotations
@@ -53,24 +52,22 @@ def reset_where(first, state, initial):
     return jax.tree.map(lambda s, i: jnp.where(first, i, s), state, initial)
 
 
-def recurrence(core, maps, vectors, seq, args):
+def core_unroll(core, maps, vectors, first, state):
     """The old unroll's loop: the whole step in one plain lax.scan."""
     def step(state, x):
         image_map, vector, first = x
         state = core_recur(core, image_map, vector, reset_where(first, state, core.initial_state()))
         return state, state
 
-    return jax.lax.scan(step, seq.state, (maps, vectors, seq.steps.first))[1]
+    return jax.lax.scan(step, state, (maps, vectors, first))[1]
 
 
 @contextlib.contextmanager
 def patched(script):
-    """The script with its recurrence and its cores' single steps (acting, final views) as they were; use it with
-    args.joint_target_unroll = False for the old SGD step."""
-    saved = script.recurrence, FarmCore.recur, LSTMCore.recur
-    script.recurrence = recurrence
-    FarmCore.recur, LSTMCore.recur = core_recur, core_recur
+    """The script with its cores' unrolls and single steps (acting, final views) as they were."""
+    saved = FarmCore.unroll, LSTMCore.unroll, FarmCore.recur, LSTMCore.recur
+    FarmCore.unroll, LSTMCore.unroll, FarmCore.recur, LSTMCore.recur = core_unroll, core_unroll, core_recur, core_recur
     try:
         yield script
     finally:
-        script.recurrence, FarmCore.recur, LSTMCore.recur = saved
+        FarmCore.unroll, LSTMCore.unroll, FarmCore.recur, LSTMCore.recur = saved

@@ -56,7 +56,7 @@ def test_the_terminal_transitions_next_state_carries_the_state_onto_the_next_fra
         phi=jnp.zeros((length, 4)), final_obs=jnp.zeros((length, 0), jnp.uint8),
         terminal=jnp.zeros(length, bool).at[2].set(True))
     seq = usfa.Sequence(steps=steps, state=(jnp.zeros(16),) * 2)
-    maps, states = usfa.unroll(net.core, lambda x: x, seq, args)
+    maps, states = usfa.unroll(net.core, lambda x: x, seq)
     h_next = usfa.next_states(net.core, lambda x: x, seq, states, args, maps)
     carried = net.core.recur(maps[3], oar_vector(steps.action[2], steps.reward[2], 15), (states[0][2], states[1][2]))
     np.testing.assert_allclose(h_next[2], carried[0], rtol=1e-5, atol=1e-6)

@@ -1,10 +1,9 @@
-"""The fused learner (FARM's step split into a hoisted and a recurrent part, the online and target networks in one
-loop, the recurrent weight's gradient formed after the loop) against the learner before it, kept in
-tests/reference_learner.py: the gradients of every parameter and the sequences' priorities, on random batches with
-random episode starts, tasks, rewards and stored states, agree to float32 rounding for every script and variant."""
+"""The fused learner (FARM's step split into a hoisted and a recurrent part, every linear map of h in one matmul)
+against the learner before it, kept in tests/reference_learner.py: the gradients of every parameter and the
+sequences' priorities, on random batches with random episode starts, tasks, rewards and stored states, agree to
+float32 rounding for every script and variant."""
 
 import functools
-import inspect
 from functools import partial
 
 import equinox as eqx
@@ -17,12 +16,9 @@ import msfa_fruitbot
 import msfa_minihack
 import reference_learner
 import usfa
-from benchmarks.sgd_variants import random_batch
-from common.babyai import GotoAvoid
 from common.farm import FarmCore
-from common.minihack import render as render_minihack, tile_set
 from common.networks import LSTMCore
-from helpers import TINY_MSFA, TINY_USFA, VARIANTS
+from helpers import TINY_MSFA, TINY_USFA, VARIANTS, gradients_and_priorities
 
 RELATIVE = 2e-5
 """per parameter leaf, |new - old| <= RELATIVE |old| + ABSOLUTE max_leaf|old|: float32 rounding over a 9-step
@@ -36,38 +32,12 @@ CASES = {name: (script, settings, "babyai") for name, (script, settings, _) in V
     "msfa_minihack": (msfa_minihack, TINY_MSFA | dict(num_modules=3, attention_heads=1), "minihack"),
     "usfa-learned_fruitbot": (usfa, TINY_USFA | dict(env="fruitbot", learned_cumulants=True), "fruitbot"),
 }
-RENDER = {"babyai": GotoAvoid().rgb_from_symbolic, "fruitbot": lambda x: x,
-          "minihack": partial(render_minihack, tile_images=jnp.asarray(tile_set()[0]))}
-"""the render of the scripts that take one (usfa.py, uvfa.py, msfa_babyai.py)"""
-
-
-def gradients_and_priorities(script, args, env: str, seed: int = 0):
-    """One SGD step's gradient (every parameter) and priorities, as the script's sgd_step computes them."""
-    k = jax.random.split(jax.random.PRNGKey(seed), 4)
-    net, target = script.make_network(args, k[0]), script.make_network(args, k[1])
-    params, static = eqx.partition(net, eqx.is_inexact_array)
-    target_params = eqx.filter(target, eqx.is_inexact_array)
-    batch = random_batch(script, args, env, k[2], batch=3)
-    probabilities = jax.random.uniform(k[3], (batch.steps.first.shape[0],), minval=0.01, maxval=0.1)
-    takes_render = "render" in inspect.signature(script.batch_loss).parameters
-    render = (RENDER[env],) if takes_render else ()
-
-    def grad(params, target_params, batch, probabilities):  # data as arguments: nothing for XLA to constant-fold
-        def loss(params):
-            return script.batch_loss(eqx.combine(params, static), eqx.combine(target_params, static), *render, batch,
-                                     probabilities, args)
-        grads, (priorities, _) = jax.grad(loss, has_aux=True)(params)
-        return grads, priorities
-
-    return jax.jit(grad)(params, target_params, batch, probabilities)
-
-
 @functools.cache
 def reference_step(case: str):
     """The old step's gradient and priorities for a case (the script's losses, the old unroll, two loops)."""
     script, settings, env = CASES[case]
     with reference_learner.patched(script):
-        return gradients_and_priorities(script, script.Args(**settings, joint_target_unroll=False), env)
+        return gradients_and_priorities(script, script.Args(**settings), env)
 
 
 def differences(new, old):
@@ -99,13 +69,6 @@ def test_the_fused_sgd_step_equals_the_one_before_it(case):
     assert_same_step(case)
 
 
-@pytest.mark.parametrize("joint, after, unroll", [(False, False, 3), (True, False, 1), (False, True, 1),
-                                                  (True, True, 2)])  # the defaults are the test above
-@pytest.mark.parametrize("case", ["msfa", "usfa-learned"])
-def test_every_speed_setting_gives_the_same_step(case, joint, after, unroll):
-    assert_same_step(case, joint_target_unroll=joint, lstm_grad_after_loop=after, learner_unroll=unroll)
-
-
 @pytest.mark.parametrize("torso", ["dqn", "impala"])
 def test_one_fused_step_is_the_papers_farm_step_and_the_lstm_core_step(torso):
     """FarmCore.recur / LSTMCore.recur (acting, final views) against the layer-by-layer steps they replace, from a
@@ -119,8 +82,11 @@ def test_one_fused_step_is_the_papers_farm_step_and_the_lstm_core_step(torso):
         old = reference_learner.core_recur(core, maps[1], vectors[1], state)
         for a, b in zip(new, old):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-        inputs = jax.tree.map(lambda x: x[1], core.inputs(maps, vectors))  # hoisted for the sequence, step 1 taken
-        stepped, _ = core.step(core.fused_weights(), inputs, state, core.recurrent_weight())
+        if isinstance(core, FarmCore):  # hoisted for the sequence, step 1 taken
+            inputs = jax.tree.map(lambda x: x[1], core.farm.inputs(maps, vectors))
+            stepped = core.farm.step(core.farm.weights(), inputs, state)
+        else:
+            stepped = core.step(core.inputs(maps, vectors)[1], state)
         for a, b in zip(stepped, old):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 

@@ -59,7 +59,7 @@ def test_the_terminal_transitions_next_state_sees_the_final_view():
         phi=jnp.zeros((length, 3)), final_obs=jax.random.randint(k[3], (length, 9, 9), 0, 1000).astype(jnp.int16),
         terminal=jnp.zeros(length, bool).at[2].set(True))
     seq = usfa.Sequence(steps=steps, state=(jnp.zeros(16),) * 2)
-    maps, states = usfa.unroll(net.core, render, seq, args)
+    maps, states = usfa.unroll(net.core, render, seq)
     h_next = usfa.next_states(net.core, render, seq, states, args, maps)
     final = usfa.core_step(net.core, render(steps.final_obs[2]), steps.action[2], steps.reward[2],
                            (states[0][2], states[1][2]))

@@ -59,7 +59,7 @@ def test_the_terminal_transitions_next_state_carries_the_state_onto_the_next_fra
     args = script.Args(**TINY)
     net = script.make_network(args, jax.random.PRNGKey(0))
     seq = random_sequence(jax.random.PRNGKey(1), args, 6, first=(3,), terminal=(2,))
-    maps, states = script.unroll(net.core, seq, args)
+    maps, states = script.unroll(net.core, seq)
     h_next = script.next_states(net.core, maps, seq, states)
     s = seq.steps
     carried = net.core.recur(maps[3], oar_vector(s.action[2], s.reward[2], 15), (states[0][2], states[1][2]))[0]

@@ -53,7 +53,7 @@ def test_the_terminal_transitions_next_state_sees_the_final_view():
     args = script.Args(**TINY)
     net = script.make_network(args, jax.random.PRNGKey(0))
     seq = random_sequence(jax.random.PRNGKey(1), args, 6, first=(3,), terminal=(2,))
-    _, states = script.unroll(net.core, seq, args)
+    _, states = script.unroll(net.core, seq)
     h_next = script.next_states(net.core, seq, states)
     s = seq.steps
     final = script.core_step(net.core, s.final_obs[2], s.action[2], s.reward[2], (states[0][2], states[1][2]))[0]
