@@ -1,35 +1,33 @@
-"""The SGD step, old and new and its variants, side by side: one prepared command for a lent GPU (and a tiny run here).
+"""The SGD step on each FARM backend and its variants, and a slice of real training per backend: one command measures
+the whole table on a GPU in at most 9 minutes.
 
-    python -m benchmarks.sgd_variants --budget-seconds 540 --out OUT_DIR      # on a GPU, one call
-    python -m benchmarks.sgd_variants --tiny --budget-seconds 240             # here: tiny networks, same code
+    python -m benchmarks.sgd_variants --out OUT_DIR                 # on a GPU: every row, 540 s in all
+    python -m benchmarks.sgd_variants --tiny --budget-seconds 300    # on a CPU: tiny networks, the same code
 
-Each row times one SGD step (the gradient of the script's own batch_loss, and Adam) of MSFA for K vmapped seeds on
-random batches (random episode starts, tasks, rewards and stored states; three batches used in turn), in its own
-subprocess with its own XLA_FLAGS, so that a flag this XLA does not know fails that row only. Rows:
-- `old`: the learner before FARM's step was fused (tests/reference_learner.py): three loops per SGD step;
-- `new`: the scripts' defaults; `fused`, `joint`, `after`, `joint+after`: FARM's fused step alone, then with the
-  online and target networks in one loop (--joint-target-unroll) and/or the recurrent weight's gradient formed
-  after the loop (--lstm-grad-after-loop); `unroll N`: --learner-unroll N;
-- XLA flag rows (command buffers for whole loops, no Triton GEMM, ...) on top of a code variant;
-- `bf16`: every matmul with bfloat16 inputs and float32 accumulation (jax.default_matmul_precision
-  "BF16_BF16_F32"), marked NOT exact: its gradient error says how far it is from the reference;
-- `chunk`: one whole training iteration (acting 32 envs x 40 steps, insertion, 24 SGD steps) for BabyAI;
-- Fruitbot's and MiniHack's step (Impala torso), with the patch convolutions chosen for the CPU and with XLA's own
-  (`native_conv`), for their protocol projections.
-Every row reports compile seconds, ms per step (median of blocks of calls, and the blocks' min-max), the HLO ops
-executed per step (entry + each loop's trip count x its body: kernels, on a GPU; `--xla_dump_to` is not needed), the
-loops and ops per iteration, the worst per-parameter gradient error and priority error against the old step at
-`highest` matmul precision (the `reference` row), and the projected protocol minutes of 10 seeds.
+Rows (ROWS, in the order a short budget runs them) time one SGD step (the gradient of the script's own batch_loss,
+and Adam) for K vmapped seeds on random batches (random episode starts, tasks, rewards and stored states; three
+batches in turn), or, for `train_*`, a slice of msfa_babyai.py's real training loop (acting, insertion, SGD steps)
+reporting env steps/s per seed. The variants: the backend (--core-backend xla, pallas, pallas-bf16), K = 10 or 1
+seeds, UVFA-FARM and the Impala torso's scripts (Fruitbot, MiniHack), the kernels' block sizes and warps, and XLA
+flags (command buffers for whole loops).
 
-It chooses nothing silently: the table ends with the fastest exact row and the command line that would use it; the
-scripts' defaults change only when a person changes them on such a measurement. Results: OUT_DIR/results.json, the
-log (sgd_variants.log), and the compiled programs of the old, the default and the fastest row (gzipped HLO text).
+Rows with the same XLA_FLAGS share one process (one import; each row compiles its own program); each set of flags
+runs in its own process, so that a flag this XLA does not know fails those rows only, with its message. A row that
+fails for any reason (a kernel that does not compile, an out-of-memory) records its whole error text; the others
+still run. No row runs at `highest` precision: exactness is the CPU tests' job (tests/test_farm_kernels.py); here
+each row's gradient and priorities are compared with the xla row of the same problem and seeds, at the device's
+default precision, and the difference is reported.
+
+The table ends with the projected protocol minutes per method and backend, and the backend this device kind should
+default to (common/farm.py's FASTEST_MEASURED: a person changes it on this measurement). Results: OUT_DIR/results.json,
+OUT_DIR/sgd_variants.log and the compiled programs of the xla and pallas rows (gzipped HLO text).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gzip
+import inspect
 import json
 import os
 import re
@@ -37,94 +35,85 @@ import shlex
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 import tyro
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = {"babyai": "msfa_babyai", "fruitbot": "msfa_fruitbot", "minihack": "msfa_minihack"}
-TASK_DIMS = {"babyai": 4, "fruitbot": 4, "minihack": 3}
-CODE = {  # variant: the scripts' speed settings (everything else is each script's defaults)
-    "new": {},  # the scripts' defaults
-    "old": dict(joint_target_unroll=False, lstm_grad_after_loop=False),  # with tests/reference_learner.py patched in
-    "reference": dict(joint_target_unroll=False, lstm_grad_after_loop=False),  # the same, at `highest` precision
-    "fused": dict(joint_target_unroll=False, lstm_grad_after_loop=False),
-    "joint": dict(joint_target_unroll=True, lstm_grad_after_loop=False),
-    "after": dict(joint_target_unroll=False, lstm_grad_after_loop=True),
-    "joint+after": dict(joint_target_unroll=True, lstm_grad_after_loop=True),
+PROBLEMS = {  # name: (script module, its settings, env)
+    "msfa_babyai": ("msfa_babyai", {}, "babyai"),
+    "uvfa-farm_babyai": ("uvfa", {"farm": True}, "babyai"),
+    "msfa_fruitbot": ("msfa_fruitbot", {}, "fruitbot"),
+    "msfa_minihack": ("msfa_minihack", {}, "minihack"),
 }
+TASK_DIMS = {"babyai": 4, "fruitbot": 4, "minihack": 3}
 COMMAND_BUFFERS = ("--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL "
                    "--xla_gpu_graph_min_graph_size=1")
-"""XLA:GPU records whole loops (WHILE) into CUDA graphs; flag names change between XLA versions (a row fails
-with the unknown flag's message)"""
+"""XLA:GPU records whole loops (WHILE) and custom calls into CUDA graphs (flag names change between XLA versions: an
+unknown one fails its rows with XLA's message)"""
 
 
 @dataclass(frozen=True)
 class Row:
     name: str
-    code: str  # a key of CODE
-    seeds: int
-    env: str = "babyai"
+    backend: str = "xla"  # --core-backend
+    problem: str = "msfa_babyai"
+    seeds: int | None = None  # None: --seeds
     xla_flags: str = ""
-    unroll: int = 1
-    precision: str | None = None  # jax.default_matmul_precision of the step (None: the device's default)
-    native_conv: bool = False  # the Impala torso with XLA's own convolution (common.networks.Conv2d.native)
-    chunk: bool = False  # time a whole training iteration instead of one SGD step
+    kernel: tuple = ()  # common.farm_pallas.Config settings, e.g. (("block", 16),)
+    train: bool = False  # a slice of msfa_babyai.py's training loop instead of one SGD step
 
     @property
     def exact(self) -> bool:
-        return self.precision is None
+        return self.backend != "pallas-bf16"
 
 
-def rows_in_order(seeds: int) -> list[Row]:
-    """The rows in the order a short budget should run them (run_rows puts a reference row first for every env and
-    number of seeds: every row's gradient error needs it). `new` is the scripts' defaults, now the fused step."""
-    k, one = seeds, 1
-    return [
-        Row("old", "old", k), Row("new", "new", k),
-        Row("joint+after", "joint+after", k), Row("joint", "joint", k),
-        Row("after", "after", k),
-        Row("old+cmdbuf", "old", k, xla_flags=COMMAND_BUFFERS),
-        Row("joint+after+cmdbuf", "joint+after", k, xla_flags=COMMAND_BUFFERS),
-        Row("fused+cmdbuf", "fused", k, xla_flags=COMMAND_BUFFERS),
-        Row("old_k1", "old", one), Row("new_k1", "new", one), Row("joint+after_k1", "joint+after", one),
-        Row("joint+after+unroll2", "joint+after", k, unroll=2), Row("joint+after+unroll4", "joint+after", k, unroll=4),
-        Row("fused+unroll2", "fused", k, unroll=2), Row("fused+unroll4", "fused", k, unroll=4),
-        Row("joint+after+no_triton", "joint+after", k, xla_flags="--xla_gpu_enable_triton_gemm=false"),
-        Row("joint+after+bf16", "joint+after", k, precision="BF16_BF16_F32"),
-        Row("chunk_old", "old", k, chunk=True), Row("chunk_new", "new", k, chunk=True),
-        Row("fruitbot_old", "old", k, env="fruitbot"), Row("fruitbot_new", "new", k, env="fruitbot"),
-        Row("fruitbot_new_native_conv", "new", k, env="fruitbot", native_conv=True),
-        Row("minihack_old", "old", k, env="minihack"), Row("minihack_new", "new", k, env="minihack"),
-        Row("minihack_new_native_conv", "new", k, env="minihack", native_conv=True),
-    ]
+ROWS = [
+    Row("xla"), Row("pallas", "pallas"), Row("pallas-bf16", "pallas-bf16"),
+    Row("xla+cmdbuf", xla_flags=COMMAND_BUFFERS), Row("pallas+cmdbuf", "pallas", xla_flags=COMMAND_BUFFERS),
+    Row("pallas-bf16+cmdbuf", "pallas-bf16", xla_flags=COMMAND_BUFFERS),
+    Row("train_pallas", "pallas", train=True), Row("train_xla", train=True),
+    Row("xla_k1", seeds=1), Row("pallas_k1", "pallas", seeds=1),
+    Row("uvfa-farm_xla", problem="uvfa-farm_babyai"), Row("uvfa-farm_pallas", "pallas", problem="uvfa-farm_babyai"),
+    Row("fruitbot_xla", problem="msfa_fruitbot"), Row("fruitbot_pallas", "pallas", problem="msfa_fruitbot"),
+    Row("minihack_xla", problem="msfa_minihack"), Row("minihack_pallas", "pallas", problem="msfa_minihack"),
+    Row("pallas_block16", "pallas", kernel=(("block", 16),)),
+    Row("pallas_lstm_columns256", "pallas", kernel=(("lstm_columns", 256),)),
+    Row("pallas_warps8", "pallas", kernel=(("num_warps", 8),)),
+    Row("pallas_warps2_stages2", "pallas", kernel=(("num_warps", 2), ("num_stages", 2))),
+]
+"""the rows, most wanted first (a shorter budget drops the last)"""
 
 
 @dataclass
 class Args:
+    out: str | None = None
+    """folder for results.json, the log and the xla and pallas rows' compiled programs"""
     budget_seconds: float = 540.0
     """wall time for everything; rows that no longer fit are listed as not run"""
-    out: str | None = None
-    """folder for results.json, the log and up to three compiled programs (at most 5 files)"""
     seeds: int = 10
-    """vmapped seeds of the K-seed rows (the *_k1 rows use one)"""
+    """vmapped seeds of the rows that do not say"""
     rows: tuple[str, ...] = ()
-    """run only these rows, in this order (default: all, in the order of rows_in_order)"""
+    """run only these rows (default: all of ROWS); an xla row of the same problem and seeds is added before a
+    pallas row for its comparison"""
     custom_flags: str = ""
-    """add a row `custom`: the scripts' defaults under these XLA_FLAGS (e.g. a flag to probe)"""
-    row_seconds: float = 120.0
-    """the most one row may take (compilation included)"""
-    reserve_seconds: float = 20.0
-    """kept back for the table and the files"""
+    """add a row `custom`: the xla row under these XLA_FLAGS (e.g. a flag to probe)"""
     calls: int = 20
     """SGD steps per timed block (5 blocks after 5 warm-up calls)"""
+    train_seconds: float = 60.0
+    """seconds of a training-loop slice (after its compilation)"""
+    min_row_seconds: float = 40.0
+    """a row starts only with at least this much of the budget left"""
     tiny: bool = False
     """tiny networks and sequences (the CPU test of this command); timings are then meaningless"""
-    row: str | None = None
-    """internal: run one row in this process and print its result"""
+    group: tuple[str, ...] = ()
+    """internal: run these rows in this process and print their results"""
+    deadline: float = 0.0
+    """internal: the budget's end (time.time())"""
     work_dir: str = "/tmp/msfa-sgd-variants"
-    """internal: where rows exchange the reference gradient"""
+    """internal: where rows exchange the xla rows' gradients"""
 
 
 # ------------------------------------------------------------------------------------------------- compiled programs
@@ -171,7 +160,7 @@ def _op(line: str) -> str | None:
 
 def hlo_stats(text: str) -> dict:
     """Of a compiled program's HLO text: the ops executed per call (entry ops + trip count x body ops of every while
-    loop, nested loops included), and each loop's (trip count, ops per iteration)."""
+    loop, nested loops included: on a GPU, kernels), and each loop's (trip count, ops per iteration)."""
     comps, entry = _computations(text)
 
     def count(name: str) -> tuple[int, list[tuple[int, int]]]:
@@ -242,8 +231,10 @@ def random_batch(script, args, env: str, key, batch: int | None = None):
 
 # -------------------------------------------------------------------------------------------------------- one row
 TINY = dict(num_envs=4, sequence_period=8, sequence_length=9, replay_size=64, min_replay_size=8, batch_size=4,
-            samples_per_insert=2.0, num_modules=2, module_size=16, attention_heads=1, psi_hidden=(8,),
-            phi_hidden=(8,))
+            samples_per_insert=2.0, num_modules=2, module_size=16, attention_heads=1)
+TINY_HEADS = {"msfa_babyai": dict(psi_hidden=(8,), phi_hidden=(8,)), "msfa_fruitbot": dict(psi_hidden=(8,),
+              phi_hidden=(8,)), "msfa_minihack": dict(psi_hidden=(8,), phi_hidden=(8,)),
+              "uvfa-farm_babyai": dict(q_hidden=(8,), lstm_size=16)}
 
 
 def protocol_sgd_steps(script, args) -> int:
@@ -252,75 +243,66 @@ def protocol_sgd_steps(script, args) -> int:
     return iterations * script.sgd_steps_per_iteration(args)
 
 
-def run_row(row: Row, bench: Args) -> dict:
-    """Compile and time one row in this process (its XLA_FLAGS were set by the parent)."""
-    import contextlib
+def script_args(row: Row, bench: Args, **more):
     import importlib
 
+    module, settings, _ = PROBLEMS[row.problem]
+    script = importlib.import_module(module)
+    tiny = (TINY | TINY_HEADS[row.problem]) if bench.tiny else {}
+    args = script.Args(**settings, **tiny, core_backend=row.backend, **more)
+    return script, args
+
+
+def device_name() -> str:
+    import jax
+
+    return f"{jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}"
+
+
+def run_sgd_row(row: Row, bench: Args) -> dict:
+    """Compile and time one row's SGD step; its gradient against the xla row's of the same problem and seeds."""
     import equinox as eqx
     import jax
     import jax.numpy as jnp
     import numpy as np
     import optax
 
-    script = importlib.import_module(SCRIPTS[row.env])
-    from common.networks import Conv2d
-
-    Conv2d.native = row.native_conv
-    settings = (TINY if bench.tiny else {}) | CODE[row.code]
-    args = script.Args(**settings, learner_unroll=row.unroll)
-    args = dataclasses.replace(args, replay_size=min(args.replay_size, 2_000),  # the step's time does not depend on it
-                               min_replay_size=min(32, args.replay_size))
-    old = row.code in ("old", "reference")
-    if old:
-        sys.path.insert(0, str(ROOT / "tests"))
-        import reference_learner
-    patch = reference_learner.patched(script) if old else contextlib.nullcontext()
-    precision = jax.default_matmul_precision("highest" if row.code == "reference" else row.precision) \
-        if row.code == "reference" or row.precision else contextlib.nullcontext()
-    setup = script.make_setup(args) if row.env == "babyai" else None
-    k = row.seeds
+    script, args = script_args(row, bench)
+    # the step's time does not depend on the replay's size
+    args = dataclasses.replace(args, replay_size=min(args.replay_size, 2_000), min_replay_size=min(32, args.batch_size))
+    env = PROBLEMS[row.problem][2]
+    k = row.seeds or bench.seeds
     keys = jnp.stack([jax.random.PRNGKey(s) for s in range(k)])
     nets = jax.vmap(lambda key: eqx.filter(script.make_network(args, key), eqx.is_inexact_array))(keys)
     targets = jax.vmap(lambda key: eqx.filter(script.make_network(args, key), eqx.is_inexact_array))(keys + 1)
     static = eqx.partition(script.make_network(args, jax.random.PRNGKey(0)), eqx.is_inexact_array)[1]
-    batches = [jax.vmap(lambda key: random_batch(script, args, row.env, key))(
+    batches = [jax.vmap(lambda key: random_batch(script, args, env, key))(
         jnp.stack([jax.random.PRNGKey(1_000 * i + s) for s in range(k)])) for i in range(3)]
     probabilities = jax.random.uniform(jax.random.PRNGKey(7), (k, args.batch_size), minval=0.01, maxval=0.1)
-    render = (setup.env.rgb_from_symbolic,) if row.env == "babyai" else ()
+    render = ()
+    if "render" in inspect.signature(script.batch_loss).parameters:
+        from common.babyai import GotoAvoid
+
+        render = (GotoAvoid().rgb_from_symbolic,)
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm),
                             optax.adam(args.learning_rate, eps=args.adam_eps))
-    def grads_and_priorities(params, target_params, batch, probabilities):
+
+    def update(params, opt_state, target_params, batch, probabilities):
         def loss(params):
             return script.batch_loss(eqx.combine(params, static), eqx.combine(target_params, static), *render,
                                      batch, probabilities, args)
         grads, (priorities, _) = jax.grad(loss, has_aux=True)(params)
-        return grads, priorities
-
-    def update(params, opt_state, target_params, batch, probabilities):
-        grads, priorities = grads_and_priorities(params, target_params, batch, probabilities)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return eqx.apply_updates(params, updates), opt_state, grads, priorities
 
     opt_states = jax.vmap(optimizer.init)(nets)
-    result = {"row": row.name, "env": row.env, "seeds": k, "exact": row.exact, "xla_flags": row.xla_flags,
-              "device": f"{jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}"}
-    with patch, precision:
-        if row.chunk:
-            return result | time_chunk(script, args, k)
-        start = time.perf_counter()
-        compiled = jax.jit(jax.vmap(update)).lower(nets, opt_states, targets, batches[0], probabilities).compile()
-        result["compile_s"] = round(time.perf_counter() - start, 1)
-    result |= hlo_stats(compiled.as_text())
+    start = time.perf_counter()
+    compiled = jax.jit(jax.vmap(update)).lower(nets, opt_states, targets, batches[0], probabilities).compile()
+    result = {"compile_s": round(time.perf_counter() - start, 1)} | hlo_stats(compiled.as_text())
+    text = compiled.as_text()
+    result["triton_calls"] = text.count("__gpu$xla.gpu.triton")  # the Pallas kernels' calls in the program (GPU)
     _, _, grads, priorities = compiled(nets, opt_states, targets, batches[0], probabilities)
-    work = Path(bench.work_dir)
-    reference = work / f"reference_{row.env}_{k}_{'tiny' if bench.tiny else 'paper'}.npz"
-    work.mkdir(parents=True, exist_ok=True)
-    if row.code == "reference":
-        np.savez(reference, priorities=np.asarray(priorities), *[np.asarray(g) for g in jax.tree.leaves(grads)])
-    result |= gradient_error(grads, priorities, reference)
-    if row.code == "reference":  # its gradient is the point, not its time (at `highest` precision)
-        return result
+    result |= compare_with_xla(row, k, bench, grads, priorities)
     for _ in range(5):  # warm-up
         out = compiled(nets, opt_states, targets, batches[0], probabilities)
     jax.block_until_ready(out)
@@ -332,61 +314,88 @@ def run_row(row: Row, bench: Args) -> dict:
         jax.block_until_ready(out)
         blocks.append((time.perf_counter() - start) / bench.calls * 1e3)
     result |= {"ms": round(float(np.median(blocks)), 3), "ms_min": round(min(blocks), 3),
-               "ms_max": round(max(blocks), 3), "nan": bool(any(np.isnan(np.asarray(x)).any()
-                                                               for x in jax.tree.leaves(out)))}
-    paper = script.Args()
-    result["protocol_sgd_steps"] = protocol_sgd_steps(script, paper)
+               "ms_max": round(max(blocks), 3),
+               "nan": bool(any(np.isnan(np.asarray(x)).any() for x in jax.tree.leaves(out)))}
+    result["protocol_sgd_steps"] = protocol_sgd_steps(script, script.Args(**PROBLEMS[row.problem][1]))
     result["learner_minutes"] = round(result["protocol_sgd_steps"] * result["ms"] / 60_000, 1)
-    if bench.out:  # the parent keeps those of the old, the default and the fastest row
-        (work / f"hlo_{row.name}.txt").write_text(compiled.as_text())
+    if bench.out and row.name in ("xla", "pallas"):
+        (Path(bench.work_dir) / f"hlo_{row.name}.txt").write_text(text)
     return result
 
 
-def gradient_error(grads, priorities, reference: Path) -> dict:
-    """The worst per-leaf error against the reference gradient (|g - ref| / (|ref| + 1e-3 max_leaf|ref|), so that a
-    leaf whose exact gradient is 0, like FARM's key bias, is judged on the scale of the largest one) and the
-    priorities' worst relative error; None without a reference."""
+def compare_with_xla(row: Row, seeds: int, bench: Args, grads, priorities) -> dict:
+    """The xla row saves its gradient; every other row reports its worst per-leaf difference from it
+    (|g - g_xla| / (|g_xla| + 1e-3 max_leaf |g_xla|)) and its priorities' worst relative difference."""
     import jax
     import numpy as np
 
-    if not reference.exists():
-        return {"grad_error": None, "priority_error": None}
-    saved = np.load(reference)
+    path = Path(bench.work_dir) / f"xla_{row.problem}_{seeds}.npz"
     leaves = [np.asarray(g, np.float64) for g in jax.tree.leaves(grads)]
+    if row.backend == "xla" and not path.exists():  # the first xla row of its problem is the others' reference
+        np.savez(path, priorities=np.asarray(priorities), *leaves)
+        return {"grad_diff": None, "priority_diff": None}
+    if not path.exists():
+        return {"grad_diff": None, "priority_diff": None}
+    saved = np.load(path)
     refs = [saved[f"arr_{i}"].astype(np.float64) for i in range(len(leaves))]
     scale = max(np.linalg.norm(r) for r in refs)
     worst = max(np.linalg.norm(g - r) / (np.linalg.norm(r) + 1e-3 * scale) for g, r in zip(leaves, refs))
     ref_p = saved["priorities"]
-    return {"grad_error": float(f"{worst:.3g}"),
-            "priority_error": float(f"{np.max(np.abs(np.asarray(priorities) - ref_p) / np.abs(ref_p)):.3g}")}
+    return {"grad_diff": float(f"{worst:.3g}"),
+            "priority_diff": float(f"{np.max(np.abs(np.asarray(priorities) - ref_p) / np.abs(ref_p)):.3g}")}
 
 
-def time_chunk(script, args, seeds: int) -> dict:
-    """One training iteration of the BabyAI script (acting, insertion, SGD steps) for `seeds` vmapped seeds."""
+def run_train_row(row: Row, bench: Args) -> dict:
+    """A slice of msfa_babyai.py's training loop (acting, insertion, SGD steps) for K seeds: env steps/s per seed,
+    median over chunks after the first (compiling) one."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    args = dataclasses.replace(args, min_replay_size=args.batch_size)
+    script, args = script_args(row, bench, num_seeds=row.seeds or bench.seeds)
     setup = script.make_setup(args)
-    chunk = script.make_train_chunk(setup, args, 1)
+    per_chunk = 4  # iterations per chunk: 5,120 env steps per seed at the paper's settings
+    chunk = script.make_train_chunk(setup, args, per_chunk)
     state = jax.vmap(lambda key: script.init_train_state(setup, args, key))(
-        jnp.stack([jax.random.PRNGKey(s) for s in range(seeds)]))
+        jnp.stack([jax.random.PRNGKey(s) for s in range(args.num_seeds)]))
     start = time.perf_counter()
     state, metrics = chunk(state)
     jax.block_until_ready(metrics)
     compile_s = time.perf_counter() - start
-    times = []
-    for _ in range(5):
+    rates, began = [], time.perf_counter()
+    seconds = 3.0 if bench.tiny else bench.train_seconds
+    while time.perf_counter() - began < seconds or len(rates) < 3:
         start = time.perf_counter()
         state, metrics = chunk(state)
         jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - start)
-    iterations = -(-script.Args().total_timesteps // script.steps_per_iteration(script.Args()))
-    seconds = float(np.median(times))
-    return {"compile_s": round(compile_s, 1), "ms": round(seconds * 1e3, 1), "ms_min": round(min(times) * 1e3, 1),
-            "ms_max": round(max(times) * 1e3, 1), "per": "training iteration",
-            "protocol_minutes": round((iterations * seconds + compile_s) / 60, 1)}
+        rates.append(per_chunk * script.steps_per_iteration(args) / (time.perf_counter() - start))
+    sps = float(np.median(rates))
+    paper = script.Args()
+    return {"compile_s": round(compile_s, 1), "env_sps_per_seed": round(sps), "sps_min": round(min(rates)),
+            "sps_max": round(max(rates)), "chunks": len(rates),
+            "learning": bool(np.asarray(metrics["learning"]).all()),
+            "protocol_minutes": round((paper.total_timesteps / sps + compile_s) / 60, 1)}
+
+
+def run_group(bench: Args) -> None:
+    """Run bench.group's rows in this process, one ROW_RESULT line each (errors included), within the deadline."""
+    table = row_table(bench)
+    for name in bench.group:
+        row = table[name]
+        base = {"row": name, "backend": row.backend, "problem": row.problem, "seeds": row.seeds or bench.seeds,
+                "xla_flags": row.xla_flags, "kernel": dict(row.kernel), "exact": row.exact, "train": row.train}
+        if time.time() > bench.deadline - bench.min_row_seconds:
+            print("ROW_RESULT " + json.dumps(base | {"status": "not run: out of budget"}), flush=True)
+            continue
+        try:
+            from common import farm_pallas
+
+            with farm_pallas.overrides(**dict(row.kernel)):
+                result = run_train_row(row, bench) if row.train else run_sgd_row(row, bench)
+            result = base | {"device": device_name()} | result | {"status": "ok"}
+        except Exception:  # noqa: BLE001  (a row's failure is its result)
+            result = base | {"status": "failed", "error": traceback.format_exc()}
+        print("ROW_RESULT " + json.dumps(result), flush=True)
 
 
 # ----------------------------------------------------------------------------------------------------- the parent
@@ -400,63 +409,89 @@ def say(line: str = "") -> None:
 
 
 def row_table(bench: Args) -> dict[str, Row]:
-    """Every row by name: rows_in_order's, `custom` with --custom-flags, and `reference_<env>_k<seeds>` for every env
-    and number of seeds among them."""
-    rows = rows_in_order(bench.seeds) + [Row("custom", "new", bench.seeds, xla_flags=bench.custom_flags)]
-    references = [Row(f"reference_{env}_k{seeds}", "reference", seeds, env=env)
-                  for env, seeds in dict.fromkeys((r.env, r.seeds) for r in rows)]
-    return {r.name: r for r in references + rows}
+    rows = list(ROWS)
+    if bench.custom_flags:
+        rows.append(Row("custom", xla_flags=bench.custom_flags))
+    return {r.name: r for r in rows}
 
 
-def run_rows(bench: Args) -> list[dict]:
-    start = time.time()
+def chosen_rows(bench: Args) -> list[Row]:
+    """The rows to run, in order, each pallas row preceded somewhere by the xla row it is compared with."""
     table = row_table(bench)
-    if not bench.custom_flags:
-        del table["custom"]
-    names = list(bench.rows) or [n for n in table if table[n].code != "reference"]
+    names = list(bench.rows) or [r.name for r in ROWS] + (["custom"] if bench.custom_flags else [])
     unknown = [n for n in names if n not in table]
     if unknown:
         raise SystemExit(f"error: unknown rows {unknown}; choose from {', '.join(table)}")
     if bench.custom_flags and "custom" not in names:
-        names.insert(min(3, len(names)), "custom")
-    for env, seeds in dict.fromkeys((table[n].env, table[n].seeds) for n in names if not table[n].chunk):
-        reference = f"reference_{env}_k{seeds}"  # every (env, seeds) of the rows gets its reference, first
-        if reference not in names:
-            names.insert(0, reference)
-    Path(bench.work_dir).mkdir(parents=True, exist_ok=True)
-    for stale in Path(bench.work_dir).glob("*"):
-        stale.unlink()
-    results = []
-    for name in names:
-        row = table[name]
-        left = start + bench.budget_seconds - bench.reserve_seconds - time.time()
-        if left < min(bench.row_seconds, 60.0):
-            results.append({"row": name, "status": "not run: out of budget"})
-            continue
-        env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {row.xla_flags}".strip())
-        command = [sys.executable, "-m", "benchmarks.sgd_variants", "--row", name, "--seeds", str(bench.seeds),
-                   "--calls", str(bench.calls), "--work-dir", bench.work_dir, f"--custom-flags={bench.custom_flags}",
-                   *(["--tiny"] if bench.tiny else []), *(["--out", bench.out] if bench.out else [])]
-        say(f"[sgd_variants] {time.strftime('%H:%M:%S')} row {name} ({left:.0f} s left): XLA_FLAGS="
-            f"{shlex.quote(env['XLA_FLAGS'])}")
-        try:
-            done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                                  timeout=min(bench.row_seconds, left))
-            lines = [line for line in done.stdout.splitlines() if line.startswith("ROW_RESULT ")]
-            if done.returncode == 0 and lines:
-                result = json.loads(lines[-1][len("ROW_RESULT "):]) | {"status": "ok"}
-            else:
-                result = {"row": name, "status": f"failed (exit {done.returncode}): {last_error(done.stderr)}"}
-        except subprocess.TimeoutExpired:
-            result = {"row": name, "status": f"timed out after {min(bench.row_seconds, left):.0f} s"}
-        say(f"[sgd_variants]   {json.dumps(result)}")
-        results.append(result)
-    return results
+        names.append("custom")
+    rows = [table[n] for n in names]
+    out: list[Row] = []
+    for row in rows:
+        if row.backend != "xla" and not row.train:
+            partner = next((r for r in ROWS if r.backend == "xla" and not r.train and not r.xla_flags
+                            and r.problem == row.problem and r.seeds == row.seeds), None)
+            if partner is not None and partner not in out:
+                out.append(partner)
+        if row not in out:
+            out.append(row)
+    return out
 
 
-def last_error(stderr: str) -> str:
-    """The line of a failed row's output that says why (the last one naming an error, else the last with words)."""
-    lines = [line.strip() for line in stderr.splitlines() if any(c.isalnum() for c in line)]
+def phases(rows: list[Row]) -> list[tuple[str, list[Row]]]:
+    """Consecutive rows with the same XLA_FLAGS run in one process (in the rows' order)."""
+    out: list[tuple[str, list[Row]]] = []
+    for row in rows:
+        if out and out[-1][0] == row.xla_flags:
+            out[-1][1].append(row)
+        else:
+            out.append((row.xla_flags, [row]))
+    return out
+
+
+def run_phase(flags: str, rows: list[Row], bench: Args, deadline: float) -> list[dict]:
+    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip())
+    command = [sys.executable, "-m", "benchmarks.sgd_variants", "--group", *[r.name for r in rows],
+               "--deadline", str(deadline), "--seeds", str(bench.seeds), "--calls", str(bench.calls),
+               "--train-seconds", str(bench.train_seconds), "--min-row-seconds", str(bench.min_row_seconds),
+               "--work-dir", bench.work_dir, f"--custom-flags={bench.custom_flags}",
+               *(["--tiny"] if bench.tiny else []), *(["--out", bench.out] if bench.out else [])]
+    say(f"[sgd_variants] {time.strftime('%H:%M:%S')} rows {', '.join(r.name for r in rows)} "
+        f"({deadline - time.time():.0f} s left): XLA_FLAGS={shlex.quote(env['XLA_FLAGS'])}")
+    results: dict[str, dict] = {}
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=max(1.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        err += "\n(stopped at the end of the budget)"
+    for line in out.splitlines():
+        if line.startswith("ROW_RESULT "):
+            result = json.loads(line[len("ROW_RESULT "):])
+            results[result["row"]] = result
+            say(f"[sgd_variants]   {summary_line(result)}")
+    for row in rows:  # rows the process never reported: it died (an unknown flag, a crash) or ran out of time
+        if row.name not in results:
+            results[row.name] = {"row": row.name, "backend": row.backend, "problem": row.problem,
+                                 "seeds": row.seeds or bench.seeds, "xla_flags": row.xla_flags, "exact": row.exact,
+                                 "train": row.train, "status": "failed", "error": err.strip()[-20_000:]
+                                 or f"exit {process.returncode}"}
+            say(f"[sgd_variants]   {summary_line(results[row.name])}")
+    return [results[r.name] for r in rows]
+
+
+def summary_line(r: dict) -> str:
+    if r["status"] != "ok":
+        return f"{r['row']}: {r['status']}: {last_error(r.get('error', ''))}"
+    if r.get("train"):
+        return f"{r['row']}: {r['env_sps_per_seed']:,} env steps/s per seed (compile {r['compile_s']} s)"
+    return (f"{r['row']}: {r['ms']} ms per SGD step ({r['ms_min']}-{r['ms_max']}), compile {r['compile_s']} s, "
+            f"{r['ops_per_call']} ops, grad diff vs xla {fmt(r.get('grad_diff'))}")
+
+
+def last_error(text: str) -> str:
+    """The line of an error text that says why (the last naming an error, else the last with words)."""
+    lines = [line.strip() for line in text.splitlines() if any(c.isalnum() for c in line)]
     named = [line for line in lines if "rror" in line or "nknown" in line]
     return ((named or lines or ["(no output)"])[-1])[:300]
 
@@ -466,51 +501,72 @@ def fmt(x, spec: str = "") -> str:
 
 
 def report(results: list[dict], bench: Args) -> dict:
-    """The table, the fastest exact SGD-step row of BabyAI at K seeds, and the command that would use it."""
-    say("\n| row | seeds | compile s | ms/step (min-max) | ops/step | loops x ops/iter | grad err | prio err | "
-        "protocol min (learner) | exact | status |\n|---|---:|---:|---|---:|---|---:|---:|---:|---|---|")
+    """The table, the projected protocol minutes per method and backend, and the default this device should get."""
+    say("\n| row | problem | seeds | XLA flags | compile s | ms per SGD step (min-max) / env steps/s per seed | "
+        "ops per call | loops x ops/iter | grad diff vs xla | prio diff | protocol min | exact | status |\n"
+        "|---|---|---:|---|---:|---|---:|---|---:|---:|---:|---|---|")
     for r in results:
-        if r.get("status") != "ok":
-            say(f"| {r['row']} | | | | | | | | | | {r['status']} |")
+        flags = "cmdbuf" if r["xla_flags"] == COMMAND_BUFFERS else r["xla_flags"]
+        if r["status"] != "ok":
+            say(f"| {r['row']} | {r['problem']} | {r['seeds']} | {flags} | | | | | | | | | {r['status']}: "
+                f"{last_error(r.get('error', ''))} |")
+            continue
+        if r.get("train"):
+            say(f"| {r['row']} | {r['problem']} (training loop) | {r['seeds']} | {flags} | {r['compile_s']} | "
+                f"{r['env_sps_per_seed']:,} ({r['sps_min']:,}-{r['sps_max']:,}) | | | | | {r['protocol_minutes']} | "
+                f"{'yes' if r['exact'] else 'NO'} | ok |")
             continue
         loops = " + ".join(f"{t}x{n}" for t, n in r.get("loops", [])) or "-"
-        if "ms" not in r:  # a reference row: compiled, not timed
-            say(f"| {r['row']} | {r['seeds']} | {r['compile_s']} | (reference: not timed) | {r['ops_per_call']} | "
-                f"{loops} | | | | | ok |")
-            continue
-        minutes = r.get("protocol_minutes", r.get("learner_minutes"))
-        say(f"| {r['row']} | {r['seeds']} | {r['compile_s']} | {r['ms']} ({r['ms_min']}-{r['ms_max']}) "
-              f"{r.get('per', '')}| {fmt(r.get('ops_per_call'))} | {loops} | {fmt(r.get('grad_error'))} | "
-              f"{fmt(r.get('priority_error'))} | {fmt(minutes)} | {'yes' if r['exact'] else 'NO'} | ok |")
-    candidates = [r for r in results if r.get("status") == "ok" and r["exact"] and r["env"] == "babyai"
-                  and r["seeds"] == bench.seeds and "per" not in r and "ms" in r]
+        say(f"| {r['row']} | {r['problem']} | {r['seeds']} | {flags} | {r['compile_s']} | {r['ms']} ({r['ms_min']}-"
+            f"{r['ms_max']}) | {r['ops_per_call']} | {loops} | {fmt(r.get('grad_diff'))} | "
+            f"{fmt(r.get('priority_diff'))} | {r['learner_minutes']} | {'yes' if r['exact'] else 'NO'} | ok |")
+    ok = [r for r in results if r["status"] == "ok"]
+    say(f"\nProjected protocol minutes per method ({bench.seeds} seeds; the learner's SGD steps alone, or the whole "
+        "loop from a training-loop row):")
+    for problem in PROBLEMS:
+        cells = [f"{r['backend']}{'+cmdbuf' if r['xla_flags'] else ''} {r['learner_minutes']}" for r in ok
+                 if r["problem"] == problem and not r.get("train") and r["seeds"] == bench.seeds and not r["kernel"]]
+        trained = [f"{r['backend']} {r['protocol_minutes']} (whole loop)" for r in ok
+                   if r["problem"] == problem and r.get("train")]
+        if cells or trained:
+            say(f"  {problem}: {', '.join(cells + trained)}")
+    # the default: the fastest exact backend on BabyAI MSFA, by the training loop where it ran, else by the SGD step
+    trains = [r for r in ok if r.get("train") and r["exact"]]
+    steps = [r for r in ok if not r.get("train") and r["exact"] and r["problem"] == "msfa_babyai"
+             and r["seeds"] == bench.seeds and not r["kernel"] and not r["xla_flags"]]
     choice = {}
-    if candidates:
-        best = min(candidates, key=lambda r: r["ms"])
-        row = row_table(bench)[best["row"]]
-        if row.code == "old":
-            say(f"\nfastest exact row: {best['row']} ({best['ms']} ms): the old learner; nothing to change")
-            return {"row": best["row"], "ms": best["ms"]}
-        settings = CODE[row.code] | {"learner_unroll": row.unroll}
-        flags = " ".join(f"--{k.replace('_', '-')} {v}" if not isinstance(v, bool) else
-                         f"--{'' if v else 'no-'}{k.replace('_', '-')}" for k, v in settings.items())
-        old = next((r for r in candidates if r["row"] == "old"), None)
-        gain = f", {old['ms'] / best['ms']:.2f}x the old step's {old['ms']} ms" if old else ""
-        say(f"\nfastest exact row: {best['row']} ({best['ms']} ms per SGD step{gain}); to use it:\n"
-              f"  XLA_FLAGS={shlex.quote(row.xla_flags)} python msfa_babyai.py {flags} ...\n"
-              f"(the scripts' defaults are unchanged: change them only on this measurement, naming the device)")
-        choice = {"row": best["row"], "ms": best["ms"], "script_flags": flags, "xla_flags": row.xla_flags}
+    if trains:
+        best = max(trains, key=lambda r: r["env_sps_per_seed"])
+        choice = {"backend": best["backend"], "by": f"{best['env_sps_per_seed']:,} env steps/s per seed"}
+    elif steps:
+        best = min(steps, key=lambda r: r["ms"])
+        choice = {"backend": best["backend"], "by": f"{best['ms']} ms per SGD step"}
+    if choice:
+        kind = ok[0]["device"].split(" (")[0]
+        choice["device_kind"] = kind
+        say(f"\nfastest exact backend here: {choice['backend']} ({choice['by']}); to make it this device's default, "
+            f"add to common/farm.py's FASTEST_MEASURED:\n  {kind!r}: {choice['backend']!r},")
     return choice
 
 
 def main(bench: Args) -> None:
-    if bench.row is not None:
-        print("ROW_RESULT " + json.dumps(run_row(row_table(bench)[bench.row], bench)), flush=True)
+    if bench.group:
+        run_group(bench)
         return
-    if bench.budget_seconds <= bench.reserve_seconds + 30:
-        raise SystemExit(f"error: --budget-seconds must exceed --reserve-seconds + 30, got {bench.budget_seconds}")
-    say(f"[sgd_variants] budget {bench.budget_seconds:.0f} s, {bench.seeds} seeds{' (tiny networks)' * bench.tiny}")
-    results = run_rows(bench)
+    if bench.budget_seconds <= bench.min_row_seconds:
+        raise SystemExit(f"error: --budget-seconds must exceed --min-row-seconds ({bench.min_row_seconds}), got "
+                         f"{bench.budget_seconds}")
+    rows = chosen_rows(bench)
+    deadline = time.time() + bench.budget_seconds - 10  # 10 s kept for the table and the files
+    work = Path(bench.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    for stale in work.glob("*"):
+        stale.unlink()
+    say(f"[sgd_variants] budget {bench.budget_seconds:.0f} s, {bench.seeds} seeds{' (tiny networks)' * bench.tiny}, "
+        f"{len(rows)} rows")
+    results = []
+    for flags, group in phases(rows):
+        results += run_phase(flags, group, bench, deadline)
     choice = report(results, bench)
     if bench.out:
         out = Path(bench.out)
@@ -518,9 +574,9 @@ def main(bench: Args) -> None:
         (out / "results.json").write_text(json.dumps({"rows": results, "choice": choice, "seeds": bench.seeds,
                                                       "tiny": bench.tiny}, indent=1))
         (out / "sgd_variants.log").write_text("\n".join(LOG) + "\n")
-        for name in ("old", "new", choice.get("row")):
-            source = Path(bench.work_dir) / f"hlo_{name}.txt"
-            if name and source.exists():
+        for name in ("xla", "pallas"):
+            source = work / f"hlo_{name}.txt"
+            if source.exists():
                 with gzip.open(out / f"hlo_{name}.txt.gz", "wt") as f:
                     f.write(source.read_text())
 

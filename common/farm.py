@@ -162,13 +162,15 @@ BACKENDS = ("xla", "pallas", "pallas-bf16")
 fused GPU kernels (common/farm_pallas.py; Pallas' interpreter on a CPU: slow, for tests); `pallas-bf16`, the kernels
 with the LSTMs' weight in bfloat16 (float32 state and accumulation; not exact, ~1e-3)."""
 
-FASTEST_MEASURED = {"cpu": "xla", "gpu": "xla"}
-"""--core-backend's default per device kind: the fastest measured there (benchmarks/sgd_variants.py). On GPUs the
-kernels have not been measured yet, so XLA stays the default until they are."""
+FASTEST_MEASURED = {"cpu": "xla"}
+"""--core-backend's default per device kind (jax.devices()[0].device_kind, or the platform): the fastest measured
+there by benchmarks/sgd_variants.py, which prints the line to add. The kernels have not been measured on a GPU yet,
+so every other device gets xla until they are."""
 
 
 def default_backend() -> str:
-    return FASTEST_MEASURED.get(jax.default_backend(), "xla")
+    device = jax.devices()[0]
+    return FASTEST_MEASURED.get(device.device_kind, FASTEST_MEASURED.get(device.platform, "xla"))
 
 
 class FarmCore(eqx.Module):

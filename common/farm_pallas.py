@@ -90,23 +90,27 @@ class Config:
     num_stages: int = 1
 
 
-_FOR_GPU = [False]
+_OVERRIDES: dict = {}
 
 
 @contextlib.contextmanager
-def traced_for_gpu():
-    """Within it, FarmCore traces the GPU kernels even on a CPU, so that a program can be lowered for CUDA without a
-    GPU (jax.jit(f).trace(...).lower(lowering_platforms=("cuda",)): tests/test_farm_kernels.py)."""
-    _FOR_GPU[0] = True
+def overrides(**changes):
+    """Within it, FarmCore's kernels use these Config settings: block sizes for benchmarks/sgd_variants.py's rows;
+    interpret=False to trace the GPU kernels on a CPU, so that a program can be lowered for CUDA without a GPU
+    (jax.jit(f).trace(...).lower(lowering_platforms=("cuda",)): tests/test_farm_kernels.py)."""
+    saved = dict(_OVERRIDES)
+    _OVERRIDES.update(changes)
     try:
         yield
     finally:
-        _FOR_GPU[0] = False
+        _OVERRIDES.clear()
+        _OVERRIDES.update(saved)
 
 
 def config_for(backend: str) -> Config:
     """The kernels' settings for a --core-backend value: interpret mode where JAX's default device is a CPU."""
-    return Config(interpret=jax.default_backend() == "cpu" and not _FOR_GPU[0], lstm_bf16=backend == "pallas-bf16")
+    cfg = Config(interpret=jax.default_backend() == "cpu", lstm_bf16=backend == "pallas-bf16")
+    return replace(cfg, **_OVERRIDES)
 
 
 class Dims(NamedTuple):
@@ -684,8 +688,3 @@ def unroll_sequence(farm, inputs, first, state, cfg: Config):
         return out, jax.tree.map(lambda _: True, out)
 
     return one(arrays, inputs, first, state)
-
-
-def with_settings(cfg: Config, **changes) -> Config:
-    """A Config with some settings changed (benchmarks try block sizes)."""
-    return replace(cfg, **changes)

@@ -37,9 +37,10 @@ EVAL_FIELDS = ["step", "seed", "split", "task", "gpi", "episodes", "return_mean"
 
 RUN_FILES = ("config.json", "metrics.csv", "eval.csv", "checkpoint.eqx")
 SAFE_TO_CHANGE = ("total_timesteps", "eval_every", "log_every", "track", "checkpoint_minutes", "checkpoint",
-                  "max_minutes", "wandb_project_name", "wandb_entity", "env_workers")
-"""settings a resumed run may change: they decide how long it runs, what it records, or how many processes step the
-host envs (the same episodes either way), not what it learns"""
+                  "max_minutes", "wandb_project_name", "wandb_entity", "env_workers", "core_backend")
+"""settings a resumed run may change: they decide how long it runs, what it records, how many processes step the
+host envs (the same episodes either way) or how FARM's recurrence is computed (the same function; pallas-bf16
+close to it), not what it learns"""
 NOT_SETTINGS = ("run_dir", "resume", "overwrite")
 """arguments that say where and how to start, not what the run is"""
 
@@ -131,8 +132,14 @@ def default_run_dir(args) -> Path:
     return Path(args.run_dir or f"runs/{args.exp_name}__{args.seed}")
 
 
+RETIRED_SETTINGS = ("learner_unroll", "joint_target_unroll", "lstm_grad_after_loop")
+"""speed-only settings that scripts no longer have (superseded by --core-backend): a saved run's values for them
+changed how fast it ran, not what it computed, so loading its config.json drops them"""
+
+
 def _as_args(cls, saved: dict):
-    """The dataclass `cls` from a config.json "args" dict (JSON lists back to tuples)."""
+    """The dataclass `cls` from a config.json "args" dict (JSON lists back to tuples; RETIRED_SETTINGS dropped)."""
+    saved = {k: v for k, v in saved.items() if k not in RETIRED_SETTINGS}
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(saved) - fields)
     require(not unknown, f"config.json has settings this script does not know: {unknown}; it belongs to another "

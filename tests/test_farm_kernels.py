@@ -10,7 +10,8 @@ check under a newer jax: docs/learner_speed.md). The other scripts' SGD steps: t
 
 Bounds: per gradient leaf, |pallas - xla| <= RELATIVE |xla| + ABSOLUTE max_leaf |xla| (the absolute part for leaves
 whose exact gradient is 0: FARM's key bias, by the softmax's shift invariance); states within STATE_TOLERANCE.
-Measured in interpret mode (float32 on the CPU): states <= 3e-7, gradients <= 1e-6 relative.
+Measured in interpret mode (float32 on the CPU): states <= 3e-7 under jax 0.6.2, <= 3e-6 under jax 0.10.2 (the Impala
+sizes); gradients <= 1e-6 relative. A planted bug moves the states by 1e-2 or more.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from common.farm import FarmCore
 ROOT = Path(__file__).resolve().parent.parent
 RELATIVE = 1e-5
 ABSOLUTE = 1e-6
-STATE_TOLERANCE = 2e-6
+STATE_TOLERANCE = 1e-5
 
 # name: (num_actions, modules, module size, heads, projection, torso): each script's FARM at its defaults
 CORES = {
@@ -178,7 +179,7 @@ def test_a_planted_bug_in_each_kernel_fails(bug):
 # -------------------------------------------------------------------------------------- lowering for a GPU (Triton)
 def lowered_kernels(function, *args) -> list[str]:
     """The Triton kernels of function(*args) lowered for CUDA on this CPU (the names of the custom calls)."""
-    with farm_pallas.traced_for_gpu():
+    with farm_pallas.overrides(interpret=False):
         text = jax.jit(function).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     return re.findall(r'name = "(farm_[a-z_]+)"', text)
 

@@ -440,3 +440,17 @@ def test_a_run_trains_the_steps_asked_and_evaluates_where_asked(tmp_path, capsys
     assert "rounded up to whole iterations of 32 env steps: --total-timesteps 150 -> 160; --eval-every 90 -> 96" in out
     assert [int(r["step"]) for r in read(run_dir / "metrics.csv")] == [64, 96, 160]
     assert sorted({int(r["step"]) for r in read(run_dir / "eval.csv")}) == [96, 160]
+
+
+def test_a_config_written_with_the_retired_speed_settings_still_loads_without_them(tmp_path):
+    """Runs saved before --core-backend recorded --learner-unroll, --joint-target-unroll and --lstm-grad-after-loop
+    (results/fruitbot/paper_cpu_msfa/ among the committed ones): they changed the speed, not the function, so
+    `--resume` and the results tools take such a config with them dropped; any other unknown setting is refused."""
+    from common.run import ConfigError, _as_args
+
+    saved = json.loads(json.dumps(msfa.Args(run_dir=str(tmp_path)).__dict__))
+    old = saved | {"learner_unroll": 1, "joint_target_unroll": True, "lstm_grad_after_loop": False}
+    del old["core_backend"]
+    assert _as_args(msfa.Args, old).core_backend is None
+    with pytest.raises(ConfigError, match="does not know"):
+        _as_args(msfa.Args, old | {"no_such_setting": 1})
