@@ -1,4 +1,4 @@
-# Sourced by results/gpu_run.sh and benchmarks/sgd_variants.sh: `gpu_setup ENV` makes ENV's scripts importable on a
+# Sourced by results/gpu_run.sh: `gpu_setup ENV` makes ENV's scripts importable on a
 # lent GPU machine. Where they cannot import their packages, it installs the wheels that
 # `bash results/gpu_wheels.sh ENV` put in .whl/ (BabyAI), .whl-fruitbot/ or .whl-minihack/, carried with the run, and
 # exports PYTHONPATH; PYTHON (default python3) is the interpreter.
