@@ -186,8 +186,8 @@ class Args:
     max_minutes: float | None = None
     """stop after this many minutes of wall time (compilation included), evaluating and saving first"""
     env_workers: int = 1
-    """processes stepping each seed's envs in parallel (1: in this process; on a machine with many cores, e.g. the
-    lent GPU's 16, more: the same episodes, faster, as the seeds' envs otherwise step on one core)"""
+    """processes stepping each seed's envs in parallel (1: in this process; on a machine with many cores, more: the
+    same episodes, faster, as the seeds' envs otherwise step on one core)"""
     core_backend: str | None = None
     """speed only: how FARM's recurrence is computed: xla (common/farm.py's step in a lax.scan), pallas (the same
     function as fused GPU kernels, common/farm_pallas.py), pallas-bf16 (those with the LSTMs' weight in bfloat16:

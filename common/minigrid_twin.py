@@ -2,7 +2,7 @@
 (tests/test_babyai_equivalence.py) and timed against (benchmarks/env_throughput.py).
 
 Kept apart from common/babyai.py because importing minigrid imports pygame (12 MB): the training scripts import
-common.babyai for every env, and a lent GPU machine, which lacks both, then needs them only for BabyAI itself.
+common.babyai for every env, and an install for Fruitbot or MiniHack alone then needs them only for BabyAI itself.
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ VERSIONED = ("jax", "jaxlib", "equinox", "optax", "flashbax", "gymnax", "minigri
 
 def versions(names: tuple[str, ...] = VERSIONED) -> dict:
     """Package versions (None for one not installed: a run of one env needs none of the other envs' packages, e.g.
-    MiniHack on a lent GPU has no minigrid) and the git commit, recorded in config.json."""
+    a MiniHack-only install has no minigrid) and the git commit, recorded in config.json."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}

@@ -1,5 +1,5 @@
 """The benchmarks build their inputs from the scripts' own types: a change to a replay item must not break them
-unnoticed (benchmarks/learner.py once did, found only on a lent GPU). Timings are never asserted."""
+unnoticed (benchmarks/learner.py once did, found only on a GPU). Timings are never asserted."""
 
 import jax
 import pytest

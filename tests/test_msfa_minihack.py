@@ -124,7 +124,7 @@ def test_bad_input_gets_one_line(overrides, message, capsys, tmp_path):
 def test_tiny_run_end_to_end(tmp_path, capsys):
     """Acting through the host env inside the jitted chunk, learning, evaluation in every room with and without
     GPI, two seeds, the run directory's files, and resuming. The first part steps each seed's envs in two worker
-    processes (--env-workers 2, as on a lent GPU), the resumed part in this process."""
+    processes (--env-workers 2), the resumed part in this process."""
     run = tmp_path / "run"
     script.main(script.Args(**TINY | dict(total_timesteps=96, log_every=32, eval_every=64, num_seeds=2,
                                           run_dir=str(run), env_workers=2)))

@@ -364,7 +364,7 @@ def test_a_csv_without_a_header_is_refused(tmp_path):
 
 
 def test_config_records_a_missing_package_as_none():
-    """A lent GPU running MiniHack has no minigrid: config.json records None for it instead of stopping the run
+    """A MiniHack-only install has no minigrid: config.json records None for it instead of stopping the run
     (as it once did, before any step, on an H200)."""
     from common.run import versions
 

@@ -1,7 +1,7 @@
-"""Paper scale: seeds spread over several devices give the single-device results; the prepared GPU command
-(results/babyai/gpu_run.sh) runs end to end here at tiny settings; its scheduling (priority order, methods at once,
-stopping inside the budget) is checked with stand-in runs whose timeline does not depend on this machine's speed; and
-it leaves only what can come back from a lent GPU (at most 8 files of at most 16 MiB)."""
+"""Paper scale: seeds spread over several devices give the single-device results; the protocol runner
+(results/protocol.py) trains real methods here at tiny settings, is interrupted and resumes; its scheduling (the
+paper's order, one method per device, skipping complete methods, --max-minutes, Ctrl-C) is checked with stand-in runs
+whose timeline does not depend on this machine's speed."""
 
 import csv
 import json
@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import msfa_babyai as msfa
-from common.run import parse_args
-from results import gpu_run
+from common.run import ConfigError, parse_args
+from results import protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--num-envs", "4", "--sequence-period", "8", "--sequence-length", "9", "--replay-size", "64",
@@ -53,98 +53,111 @@ def test_seeds_over_two_devices_give_the_single_device_results(tmp_path):
     assert read(tmp_path / "one" / "eval.csv") == read(tmp_path / "two" / "eval.csv")
 
 
-FAKE = "tests/fake_training_run.py"  # writes a run's files and sleeps; no JAX
+FAKE = "tests/fake_training_run.py"  # writes a run's files step by step and sleeps; no JAX
 
 
-def test_gpu_run_trains_in_priority_order_within_its_budget_and_leaves_what_can_come_back(tmp_path, monkeypatch):
-    """The scheduling, with stand-in runs that only sleep (tests/fake_training_run.py), so that the timeline does not
-    depend on this machine's speed: budget 40 s, 20 s reserved (methods start until 20 s), a method started only with
-    10 s left, two at a time. quick (1 s) and hangs start at once; quick's slot goes to slow (15 s), which ends with
-    under 10 s left, so late never starts; hangs overruns its limit and ignores the SIGTERM sent 15 s before the end,
-    so it is killed 5 s before the end, and what it wrote is packed: the whole command ends inside its budget."""
-    monkeypatch.setitem(gpu_run.METHODS, "babyai", {"quick": f"{FAKE} --sleep 1", "hangs": f"{FAKE} --hang",
-                                                    "slow": f"{FAKE} --sleep 15", "late": f"{FAKE} --sleep 1"})
-    out, work = tmp_path / "out", tmp_path / "work"
-    budget = 40
-    start = time.time()
-    gpu_run.main(gpu_run.Args(budget, str(out), num_seeds=2, methods=("quick", "hangs", "slow", "late"),
-                              work_dir=str(work), reserve_seconds=20, min_run_seconds=10, concurrency=2,
-                              analysis_seconds=0))
-    assert time.time() - start <= budget
-    files = sorted(p for p in out.rglob("*") if p.is_file())
-    assert 2 <= len(files) <= 8 and all(p.stat().st_size <= 16 * 2**20 and p.parent == out for p in files), files
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["num_seeds"] == 2 and "cpu" in summary["device"] and summary["concurrency"] == 2
-    assert [m for m in ("quick", "hangs", "slow", "late") if m in summary] == ["quick", "hangs", "slow"]
-    assert summary["not_started"] == ["late"]
-    assert [summary[m]["exit_status"] for m in ("quick", "hangs", "slow")] == [0, -signal.SIGKILL, 0]
-    assert [summary[m]["share_of_protocol"] for m in ("quick", "hangs", "slow")] == [1.0, 0.5, 1.0]
-    assert all(summary[m]["params_seeds"] == [1, 2] for m in ("quick", "hangs", "slow"))
-    assert summary["hangs"]["wall_seconds"] >= budget - 6  # it ran until the kill, 5 s before the end
-    with tarfile.open(out / "results.tar.gz") as tar:
-        names = set(tar.getnames())
-    assert {f"{m}/{f}" for m in ("quick", "hangs", "slow") for f in ("config.json", "metrics.csv", "eval.csv",
-                                                                      "run_summary.json", "train.log")} == names
-    with tarfile.open(out / "params_slow.tar.gz") as tar:
-        assert tar.getnames() == ["slow/params_seed1.eqx", "slow/params_seed2.eqx"]
+def fake_methods(monkeypatch, **methods):
+    monkeypatch.setitem(protocol.METHODS, "babyai", {name: f"{FAKE} {flags}" for name, flags in methods.items()})
+    monkeypatch.setattr(protocol, "device_name", lambda: "fake device")
+    monkeypatch.setattr(protocol, "ANALYSES", ())  # results.analyze is tested on real runs (below)
 
 
-def test_gpu_run_runs_a_real_script_end_to_end(tmp_path):
-    """The prepared command itself (results/babyai/gpu_run.sh) on the CPU: MSFA with two vmapped seeds at tiny
-    settings finishes its protocol, its saved agents are analysed (Table A, the cumulants' quality), and it brings
-    back its small files, the analysis, a summary naming the device, and both seeds' parameters, writing no
-    replay-sized checkpoint. The budget is generous: the command ends when the run does (the budget's timeline is
-    tested above)."""
-    out, work = tmp_path / "out", tmp_path / "work"
-    extra = " ".join([*TINY, *SMALL_NET, "--total-timesteps", "128", "--log-every", "64", "--eval-every", "64"])
-    done = subprocess.run(
-        ["bash", "results/babyai/gpu_run.sh", "900", str(out), "--num-seeds", "2", f"--extra={extra}",
-         "--work-dir", str(work), "--methods", "msfa", "--reserve-seconds", "30", "--min-run-seconds", "30",
-         "--analysis-seconds", "240", "--analysis-episodes", "2"],
-        cwd=ROOT, env=os.environ | {"PYTHON": sys.executable}, capture_output=True, text=True, timeout=900)
+def read_summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_the_protocol_runs_one_method_per_device_in_order_and_skips_complete_ones_when_resumed(tmp_path, monkeypatch):
+    """Stand-in runs (tests/fake_training_run.py): four methods on two devices, each device given its own method
+    (CUDA_VISIBLE_DEVICES) in the order asked; one fails: the protocol says so (exit 1) and the others complete; with
+    --resume the complete ones are skipped and the failed one continues from its checkpoint."""
+    fake_methods(monkeypatch, a="--total-timesteps 3", b="--total-timesteps 6", c="--total-timesteps 3 --fail",
+                 d="--total-timesteps 2")
+    out = tmp_path / "protocol"
+    with pytest.raises(SystemExit) as stopped:
+        protocol.main(protocol.Args(str(out), env="babyai", seeds=2, devices=("0", "1"), analysis_episodes=1))
+    assert stopped.value.code == 1
+    summary = read_summary(out)["methods"]
+    assert [m for m, e in summary.items() if e["complete"]] == ["a", "b", "d"]
+    assert summary["c"]["exit_status"] == 1 and summary["c"]["env_steps_per_seed"] == 1
+    devices = {m: json.loads((out / m / "config.json").read_text())["device"] for m in "abcd"}
+    assert devices["a"] != devices["b"] and {devices["a"], devices["b"]} == {"0", "1"}
+    assert (out / "a.log").read_text().strip() == "step 3"
+    monkeypatch.setitem(protocol.METHODS["babyai"], "c", f"{FAKE} --total-timesteps 3")  # the failure mended
+    protocol.main(protocol.Args(str(out), resume=True, devices=("0", "1")))
+    summary = read_summary(out)["methods"]
+    assert all(e["complete"] for e in summary.values()) and set(summary) == set("abcd")
+    assert json.loads((out / "c" / "config.json").read_text())["resumes"] == [1]
+    assert "exit_status" not in summary["a"]  # skipped: it was complete
+
+
+def test_the_protocol_stops_cleanly_at_max_minutes_or_ctrl_c_and_resumes(tmp_path, monkeypatch):
+    """--max-minutes: the running method is told its remaining time and stops with its checkpoint; no method starts
+    near the end. Ctrl-C (SIGINT to the protocol): every run gets SIGTERM, checkpoints and stops; the protocol exits
+    with 130 and says how to continue; --resume finishes the runs where they stopped."""
+    fake_methods(monkeypatch, a="--total-timesteps 40 --seconds-per-step 0.25", b="--total-timesteps 2")
+    out = tmp_path / "protocol"
+    protocol.main(protocol.Args(str(out), env="babyai", seeds=1, max_minutes=0.08, analysis_episodes=1))
+    summary = read_summary(out)["methods"]
+    assert 0 < summary["a"]["share_of_protocol"] < 1 and summary["a"]["exit_status"] == 0
+    assert summary["b"]["status"] == "not started" and not (out / "b").exists()
+    threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(SystemExit) as stopped:
+        protocol.main(protocol.Args(str(out), resume=True))
+    assert stopped.value.code == 128 + signal.SIGINT
+    steps = read_summary(out)["methods"]["a"]["env_steps_per_seed"]
+    assert steps < 40 and json.loads((out / "a" / "config.json").read_text())["resumes"]
+    protocol.main(protocol.Args(str(out), resume=True))
+    summary = read_summary(out)["methods"]
+    assert summary["a"]["complete"] and summary["b"]["complete"]
+
+
+def test_the_protocol_refuses_bad_input_with_one_line(tmp_path, monkeypatch, capsys):
+    fake_methods(monkeypatch, a="--total-timesteps 1")
+    cases = [(protocol.Args(str(tmp_path / "x"), env="atari"), "--env must be one of"),
+             (protocol.Args(str(tmp_path / "x"), env="babyai", methods=("b",)), "unknown methods ['b']"),
+             (protocol.Args(str(tmp_path / "x"), resume=True), "does not exist; start the protocol there first")]
+    for args, message in cases:
+        with pytest.raises(SystemExit) as stopped:
+            protocol.main(args)
+        assert stopped.value.code == 2 and message in capsys.readouterr().err
+    protocol.main(protocol.Args(str(tmp_path / "p"), env="babyai", seeds=1))
+    for args, message in [(protocol.Args(str(tmp_path / "p"), env="babyai"), "continue it with --resume"),
+                          (protocol.Args(str(tmp_path / "p"), resume=True, seeds=3), "these differ: --seeds")]:
+        with pytest.raises(SystemExit) as stopped:
+            protocol.main(args)
+        assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_protocol_trains_two_real_methods_is_interrupted_resumes_and_completes(tmp_path):
+    """python -m results.protocol on this CPU with tiny settings: MSFA and its entangled-psi ablation, two seeds
+    each; Ctrl-C once MSFA has a checkpoint; --resume completes both, and analyses their saved agents."""
+    out = tmp_path / "protocol"
+    extra = " ".join([*TINY, *SMALL_NET, "--total-timesteps", "256", "--log-every", "32", "--eval-every", "64",
+                      "--checkpoint-minutes", "0.01"])
+    command = [sys.executable, "-m", "results.protocol", str(out), "--env", "babyai", "--methods", "msfa",
+               "msfa_entangled_psi", "--seeds", "2", f"--extra={extra}", "--analysis-episodes", "2"]
+    first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 600
+    while not (out / "msfa" / "checkpoint.eqx").exists() and first.poll() is None and time.time() < deadline:
+        time.sleep(0.5)
+    first.send_signal(signal.SIGINT)
+    output = first.communicate(timeout=300)[0]
+    assert first.returncode == 128 + signal.SIGINT, output[-3000:]
+    assert "continue with: python -m results.protocol" in output and "[msfa] step" in output
+    stopped = read_summary(out)["methods"]
+    assert not stopped["msfa"]["complete"] and stopped["msfa_entangled_psi"]["status"] == "not started"
+    done = subprocess.run([sys.executable, "-m", "results.protocol", str(out), "--resume"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert sorted(p.name for p in out.iterdir()) == ["params_msfa.tar.gz", "results.tar.gz", "summary.json"]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["msfa"]["exit_status"] == 0 and summary["msfa"]["share_of_protocol"] == 1.0, summary["msfa"]
-    assert summary["msfa"]["params_seeds"] == [1, 2] and summary["num_seeds"] == 2
-    assert summary["msfa"]["analysis"] == "ok" and summary["concurrency"] == 1
-    with tarfile.open(out / "results.tar.gz") as tar:
-        assert {f"msfa/{f}" for f in ("config.json", "metrics.csv", "eval.csv", "run_summary.json", "train.log",
-                                      "analysis.log", "analysis/analysis.md")} <= set(tar.getnames())
-        run_summary = json.loads(tar.extractfile("msfa/run_summary.json").read())
-        analysis = tar.extractfile("msfa/analysis/analysis.md").read().decode()
-    assert "cpu" in run_summary["device"] and run_summary["share_of_protocol"] == 1.0
-    assert "Table A" in analysis
-    with tarfile.open(out / "params_msfa.tar.gz") as tar:
-        assert sorted(tar.getnames()) == ["msfa/params_seed1.eqx", "msfa/params_seed2.eqx"]
-        header = json.loads(tar.extractfile("msfa/params_seed2.eqx").readline())
-    assert header["seed"] == 2 and header["step"] == 128 and header["method"] == "MSFA"
-    assert not (work / "msfa" / "checkpoint.eqx").exists()  # --no-checkpoint: no replay-sized files
-
-
-@pytest.mark.parametrize("methods, expected", [
-    (["msfa", "usfa_learned"], {"msfa": [1, 2, 3], "usfa_learned": [1, 2, 3]}),
-    (list(gpu_run.METHODS["babyai"]), {m: [1] if i < 6 else [] for i, m in enumerate(gpu_run.METHODS["babyai"])}),
-], ids=["two methods", "nine methods"])
-def test_parameter_archives_share_the_six_slots(methods, expected, tmp_path, monkeypatch):
-    """One seed per archive (files of 60 bytes, archives of at most 100): the six slots go round the methods."""
-    monkeypatch.setattr(gpu_run, "MAX_FILE_BYTES", 100)
-    work, out = tmp_path / "work", tmp_path / "out"
-    out.mkdir()
-    for name in methods:
-        (work / name).mkdir(parents=True)
-        (work / f"{name}.log").write_text("log")
-        for seed in range(1, 5):
-            (work / name / f"params_seed{seed}.eqx").write_bytes(bytes(60))
-    summary = {name: {} for name in methods}
-    gpu_run.pack(work, out, methods, summary)
-    assert {name: summary[name]["params_seeds"] for name in methods} == expected
-    archives = sorted(p.name for p in out.glob("params_*"))
-    assert len(archives) == 6 and len(list(out.iterdir())) == 7
-    if len(methods) == 2:
-        assert "params_msfa_3.tar.gz" in archives and "params_usfa_learned_4.tar.gz" not in archives
-        with tarfile.open(out / "params_usfa_learned_2.tar.gz") as tar:
-            assert tar.getnames() == ["usfa_learned/params_seed2.eqx"]
+    summary = read_summary(out)
+    assert "cpu" in summary["device"] and summary["seeds"] == 2
+    for name in ("msfa", "msfa_entangled_psi"):
+        entry = summary["methods"][name]
+        assert entry["complete"] and entry["share_of_protocol"] >= 1 and entry["analysis"] == "ok", entry
+        assert "Table A" in (out / name / "analysis" / "analysis.md").read_text()
+        assert sorted(p.name for p in (out / name).glob("params_seed*.eqx")) == ["params_seed1.eqx",
+                                                                              "params_seed2.eqx"]
+    assert json.loads((out / "msfa" / "config.json").read_text())["resumes"]  # continued, not restarted
 
 
 @pytest.mark.parametrize("blocked, code", [
@@ -157,53 +170,56 @@ def test_parameter_archives_share_the_six_slots(methods, expected, tmp_path, mon
      "uvfa.check_args(uvfa.Args(env='minihack', farm=True))\n"),
 ], ids=["babyai without procgen or nle", "minihack without minigrid or pygame"])
 def test_the_scripts_import_without_the_other_envs_packages(blocked, code):
-    """A lent GPU machine gets one env's wheels only (results/<env>/gpu_run.sh): BabyAI's carry neither procgen nor
-    NLE, MiniHack's neither minigrid nor its pygame (12 MB). The scripts that run an env must import, and check its
-    settings, with the other envs' packages missing."""
+    """A machine set up for one env needs only its packages: BabyAI's runs need neither procgen nor NLE, MiniHack's
+    neither minigrid nor its pygame. The scripts that run an env import, and check its settings, with the other
+    envs' packages missing."""
     block = f"import sys\nfor name in {blocked!r}:\n    sys.modules[name] = None\n"
     done = subprocess.run([sys.executable, "-c", block + code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_the_next_method_is_the_first_without_a_full_protocol_run(tmp_path):
-    """No run resumes across lent GPUs: the default order is the paper's, less the methods whose full-protocol run is
-    committed (results/<env>/paper_protocol/<method>/ with an evaluation at config.json's total_timesteps); partial
-    runs of earlier leases (paper_protocol_<device>/) and a run cut short do not count."""
-    def run(folder, name, last_step, total=5_000_000):
-        (tmp_path / "babyai" / folder / name).mkdir(parents=True)
-        config = {"args": {"total_timesteps": total}}
-        (tmp_path / "babyai" / folder / name / "config.json").write_text(json.dumps(config))
-        (tmp_path / "babyai" / folder / name / "eval.csv").write_text(f"step,seed\n250880,1\n{last_step},1\n")
-
-    run("paper_protocol", "msfa", 5_000_960)  # whole iterations: a little past the total
-    run("paper_protocol", "usfa_learned", 4_000_000)  # stopped by the budget
-    run("paper_protocol_h100", "usfa", 5_000_960)  # an old lease's folder
-    assert gpu_run.default_order("babyai", tmp_path) == tuple(m for m in gpu_run.METHODS["babyai"] if m != "msfa")
-    assert gpu_run.default_order("minihack", tmp_path) == tuple(gpu_run.METHODS["minihack"])
-    for name in gpu_run.METHODS["babyai"]:
-        if name not in ("msfa", "usfa_learned"):
-            run("paper_protocol", name, 5_000_960)
-    (tmp_path / "babyai" / "paper_protocol" / "usfa_learned" / "eval.csv").write_text("step,seed\n5000960,1\n")
-    assert gpu_run.default_order("babyai", tmp_path) == ()  # every method done
-
-
-def test_gpu_run_says_when_every_method_has_its_full_run(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(gpu_run, "default_order", lambda env: ())
-    with pytest.raises(SystemExit):
-        gpu_run.main(gpu_run.Args(540, str(tmp_path / "out")))
-    assert "every babyai method has a full-protocol run" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("env", list(gpu_run.METHODS))
-def test_every_gpu_run_command_is_valid_for_its_script(env):
-    """Each method's script accepts its flags and its checks pass them (what a lent GPU would otherwise find out)."""
+@pytest.mark.parametrize("env", list(protocol.METHODS))
+def test_every_protocol_command_is_valid_for_its_script(env):
+    """Each method's script accepts the protocol's flags for it and its checks pass them."""
     import importlib
 
     import tyro
 
-    for name, command in gpu_run.METHODS[env].items():
-        script, *flags = command.split()
+    for name in protocol.METHODS[env]:
+        script, *flags = protocol.run_flags(protocol.Args("out", env=env, seeds=10), name)
         module = importlib.import_module(Path(script).stem)
-        args = tyro.cli(module.Args, args=[*flags, "--num-seeds", "10", "--no-checkpoint", "--max-minutes", "1"])
+        args = tyro.cli(module.Args, args=[*flags, "--max-minutes", "1"])
         module.check_args(args)
         assert getattr(args, "env", env) == env, name
+
+
+GIB = 2**30
+
+
+def test_fruitbots_seed_count_fits_the_device_memory():
+    """70% of the device's memory for one method's replays: with 33 GiB per seed (frames, the paper's 70k
+    sequences), 1 seed on an H100 (about 60 GiB allocatable), 2 on an H200 (about 105 GiB); no limit known (a CPU):
+    10, or what was asked; a count that cannot fit is refused with one line."""
+    per_seed = 33 * GIB
+    assert protocol.choose_seeds(None, per_seed, 60 * GIB) == 1
+    assert protocol.choose_seeds(None, per_seed, 105 * GIB) == 2 and protocol.choose_seeds(2, per_seed, 105 * GIB) == 2
+    assert protocol.choose_seeds(None, GIB, 80 * GIB) == 10  # never more than the paper's 10
+    assert protocol.choose_seeds(None, None, None) == 10 and protocol.choose_seeds(3, per_seed, None) == 3
+    with pytest.raises(ConfigError, match=r"--seeds 2 does not fit: .* allows at most 1 seed\(s\)"):
+        protocol.choose_seeds(2, per_seed, 60 * GIB)
+    with pytest.raises(ConfigError, match="not even one seed fits"):
+        protocol.choose_seeds(None, per_seed, 30 * GIB)
+
+
+def test_a_fruitbot_seed_count_that_cannot_fit_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    """On a (fake) device allowing 60 GiB, the scripts' own replay sizes at the paper's settings (33 GiB per seed of
+    frames) leave room for one seed: --seeds 2 is refused with one line, before any folder is made."""
+    import common.fruitbot  # noqa: F401  (procgen imports gym, whose banner on stderr is not the line checked)
+
+    monkeypatch.setattr(protocol, "device_memory_limit", lambda: 60 * GIB)
+    with pytest.raises(SystemExit) as exit_info:
+        protocol.main(protocol.Args(str(tmp_path / "out"), env="fruitbot", seeds=2))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1, err
+    assert "--seeds 2 does not fit: 33.0 GiB of replay per seed allows at most 1" in err[0]
+    assert not (tmp_path / "out").exists()
