@@ -413,10 +413,8 @@ def sf_td_error(psi, psi_target, cumulants, seq: Sequence, args: Args):
     return jax.lax.stop_gradient(targets) - psi[jnp.arange(q.shape[0] - 1), s.action[:-1]], valid
 
 
-def sequence_loss(net: MSFANetwork, target_net: MSFANetwork, render, seq: Sequence, args: Args, step_mask=None):
-    """The three MSFA losses of one sequence, and the TD errors that set its priority.
-
-    step_mask [T-1] (optional) keeps only some transitions: the masking test uses it to look at one episode."""
+def sequence_loss(net: MSFANetwork, target_net: MSFANetwork, render, seq: Sequence, args: Args):
+    """The three MSFA losses of one sequence, and the TD errors that set its priority."""
     s = seq.steps
     states, psi, psi_target = successor_features(net, target_net, render, seq, args)  # psi [T, A, C]
     q = jnp.einsum("tac,tc->ta", psi, s.w)
@@ -427,8 +425,6 @@ def sequence_loss(net: MSFANetwork, target_net: MSFANetwork, render, seq: Sequen
     # n-step double Q-learning on Q = psi . w
     q_targets, valid = n_step_targets(s.reward[:-1], double_q_bootstrap(q, q_target), ~s.first[1:], args.n_step,
                                       args.gamma, args.time_limit_is_termination)
-    if step_mask is not None:
-        valid = valid & step_mask
     delta_q = jax.lax.stop_gradient(q_targets) - q[steps, taken]
     loss_q = masked_mean(0.5 * delta_q**2, valid)
 

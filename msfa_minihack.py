@@ -479,10 +479,8 @@ def sf_td_error(psi, psi_target, cumulants, seq: Sequence, args: Args):
     return jax.lax.stop_gradient(targets) - psi[jnp.arange(q.shape[0] - 1), s.action[:-1]], valid
 
 
-def sequence_loss(net: MSFANetwork, target_net: MSFANetwork, seq: Sequence, args: Args, step_mask=None):
-    """The three MSFA losses of one sequence, and the TD errors that set its priority.
-
-    step_mask [T-1] (optional) keeps only some transitions: the masking test uses it to look at one episode."""
+def sequence_loss(net: MSFANetwork, target_net: MSFANetwork, seq: Sequence, args: Args):
+    """The three MSFA losses of one sequence, and the TD errors that set its priority."""
     s = seq.steps
     states, psi, psi_target = successor_features(net, target_net, seq, args)  # psi [T, A, C]
     q = jnp.einsum("tac,tc->ta", psi, s.w)
@@ -493,8 +491,6 @@ def sequence_loss(net: MSFANetwork, target_net: MSFANetwork, seq: Sequence, args
     # n-step double Q-learning on Q = psi . w
     q_targets, valid = n_step_targets(s.reward[:-1], double_q_bootstrap(q, q_target), ~s.first[1:], args.n_step,
                                       args.gamma, terminal_transitions(seq, args))
-    if step_mask is not None:
-        valid = valid & step_mask
     delta_q = jax.lax.stop_gradient(q_targets) - q[steps, taken]
     loss_q = masked_mean(0.5 * delta_q**2, valid)
 

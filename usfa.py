@@ -528,10 +528,8 @@ def sf_td_error(psi, psi_target, cumulants, seq: Sequence, args: Args):
     return jax.lax.stop_gradient(targets) - psi[jnp.arange(q.shape[0] - 1), s.action[:-1]], valid
 
 
-def sequence_loss(net: USFANetwork, target_net: USFANetwork, render, seq: Sequence, args: Args, step_mask=None):
-    """Learned cumulants: MSFA's three losses of one sequence, and the TD errors that set its priority.
-
-    step_mask [T-1] (optional) keeps only some transitions: the masking test uses it to look at one episode."""
+def sequence_loss(net: USFANetwork, target_net: USFANetwork, render, seq: Sequence, args: Args):
+    """Learned cumulants: MSFA's three losses of one sequence, and the TD errors that set its priority."""
     s = seq.steps
     maps, states, psi, psi_target = successor_features(net, target_net, render, seq, args)  # psi [T, A, C]
     q = jnp.einsum("tac,tc->ta", psi, s.w)
@@ -542,8 +540,6 @@ def sequence_loss(net: USFANetwork, target_net: USFANetwork, render, seq: Sequen
     # n-step double Q-learning on Q = psi . w
     q_targets, valid = n_step_targets(s.reward[:-1], double_q_bootstrap(q, q_target), ~s.first[1:], args.n_step,
                                       args.gamma, terminal_transitions(seq, args))
-    if step_mask is not None:
-        valid = valid & step_mask
     delta_q = jax.lax.stop_gradient(q_targets) - q[steps, taken]
     loss_q = masked_mean(0.5 * delta_q**2, valid)
 
@@ -560,15 +556,12 @@ def sequence_loss(net: USFANetwork, target_net: USFANetwork, render, seq: Sequen
             + args.priority_from_q * sequence_priority(delta_q, valid, args.max_priority_weight)}
 
 
-def oracle_sequence_loss(net: USFANetwork, target_net: USFANetwork, render, seq: Sequence, args: Args,
-                         step_mask=None):
+def oracle_sequence_loss(net: USFANetwork, target_net: USFANetwork, render, seq: Sequence, args: Args):
     """Hand-designed cumulants: n-step double-Q SF learning with the env's cumulants, one TD problem per dimension;
     and the priority. The pseudo-reward of transition t is steps.phi[t], the cumulant of the same transition as
     steps.reward[t]."""
     _, _, psi, psi_target = successor_features(net, target_net, render, seq, args)
     delta_psi, valid = sf_td_error(psi, psi_target, seq.steps.phi[:-1], seq, args)  # [T-1, C]
-    if step_mask is not None:
-        valid = valid & step_mask
     steps, taken = jnp.arange(delta_psi.shape[0]), seq.steps.action[:-1]
     q = jnp.einsum("tac,tc->ta", psi, seq.steps.w)
     return {"loss_psi": masked_mean(jnp.mean(0.5 * delta_psi**2, axis=-1), valid),

@@ -520,10 +520,8 @@ def importance_weights(probabilities, exponent: float):
     return weights / jnp.max(weights)
 
 
-def sequence_loss(net: UVFANetwork, target_net: UVFANetwork, render, seq: Sequence, args: Args, step_mask=None):
-    """0.5 delta^2 of n-step double Q-learning, masked-averaged over the sequence; and the priority.
-
-    step_mask [T-1] (optional) keeps only some transitions: the masking test uses it to look at one episode."""
+def sequence_loss(net: UVFANetwork, target_net: UVFANetwork, render, seq: Sequence, args: Args):
+    """0.5 delta^2 of n-step double Q-learning, masked-averaged over the sequence; and the priority."""
     s = seq.steps
     _, (h, _), h_target = unroll_online_and_target(net.core, target_net.core, render, seq)
     q = jax.vmap(net.q)(h, s.w)  # [T, A]
@@ -533,8 +531,6 @@ def sequence_loss(net: UVFANetwork, target_net: UVFANetwork, render, seq: Sequen
     targets, valid = n_step_targets(s.reward[:-1], h_inv(double_q_bootstrap(q, q_target)), ~s.first[1:],
                                     args.n_step, args.gamma, terminal_transitions(seq, args))
     targets = h_fn(targets)
-    if step_mask is not None:
-        valid = valid & step_mask
     delta = jax.lax.stop_gradient(targets) - q[steps, taken]
     return {"loss": masked_mean(0.5 * delta**2, valid), "q_mean": masked_mean(q[steps, taken], valid),
             "priority": sequence_priority(delta, valid, args.max_priority_weight)}

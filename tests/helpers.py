@@ -1,5 +1,6 @@
 """Test data and settings shared by the learner tests."""
 
+import contextlib
 import csv
 import dataclasses
 import inspect
@@ -160,3 +161,23 @@ def gradients_and_priorities(script, args, env: str, seed: int = 0):
         return grads, priorities
 
     return jax.jit(grad)(params, target_params, batch, probabilities)
+
+
+@contextlib.contextmanager
+def only_transitions(script, mask):
+    """Within it, the script's losses and priorities count only the transitions where mask [T-1] holds, besides its
+    own masking (its n_step_targets' `valid`, and-ed with mask): the masking tests look at one episode this way."""
+    if mask is None:
+        yield
+        return
+    original = script.n_step_targets
+
+    def masked(*args, **kwargs):
+        targets, valid = original(*args, **kwargs)
+        return targets, valid & mask
+
+    script.n_step_targets = masked
+    try:
+        yield
+    finally:
+        script.n_step_targets = original

@@ -128,10 +128,9 @@ def test_the_kernels_compute_farm(name):
 
 def test_bfloat16_weights_are_close_but_not_exact():
     """pallas-bf16: the LSTMs' weight in bfloat16 is a different function (~1e-3 relative), never the default."""
-    state_error, rows, scale = compare("msfa_babyai", backend="pallas-bf16")
+    state_error, _, _ = compare("msfa_babyai", backend="pallas-bf16", gradients=False)
     print(f"pallas-bf16: states max |bf16 - xla| {state_error:.1e}")
     assert 1e-5 < state_error < 5e-2
-    assert all(diff <= 0.1 * norm + 1e-2 * scale for _, diff, norm in rows)
 
 
 # --------------------------------------------------------------------------------------------------- planted bugs

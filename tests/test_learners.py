@@ -19,7 +19,7 @@ import pytest
 
 from common.babyai import GotoAvoid
 from common.run import cumulant_quality
-from helpers import SCRIPTS, VARIANTS, random_sequence
+from helpers import SCRIPTS, VARIANTS, only_transitions, random_sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 RENDER = GotoAvoid().rgb_from_symbolic
@@ -151,10 +151,11 @@ def test_cumulant_quality_hand_worked(script):
 def sequence_objective(variant, net, target, seq, args, mask):
     """The variant's whole per-sequence loss (what its gradient trains) and its priority."""
     script = VARIANTS[variant][0]
-    if variant == "usfa":
-        out = script.oracle_sequence_loss(net, target, RENDER, seq, args, step_mask=mask)
-        return out["loss_psi"], out["priority"]
-    out = script.sequence_loss(net, target, RENDER, seq, args, step_mask=mask)
+    with only_transitions(script, mask):
+        if variant == "usfa":
+            out = script.oracle_sequence_loss(net, target, RENDER, seq, args)
+            return out["loss_psi"], out["priority"]
+        out = script.sequence_loss(net, target, RENDER, seq, args)
     if "loss_q" in out:  # MSFA's three losses (MSFA, its ablations, USFA with learned cumulants)
         loss_phi = out["phi_error_sum"] / jnp.maximum(out["phi_count"], 1)
         return out["loss_q"] + out["loss_psi"] + loss_phi, out["priority"]

@@ -12,7 +12,7 @@ import pytest
 import msfa_fruitbot as script
 from common.fruitbot import TEST_TASKS, TRAIN_TASKS
 from common.networks import count_params, oar_vector
-from helpers import replayed_evaluation
+from helpers import only_transitions, replayed_evaluation
 
 TINY = dict(num_envs=4, sequence_period=8, sequence_length=9, replay_size=64, min_replay_size=8, batch_size=4,
             samples_per_insert=1.0, target_update_period=3, eval_episodes=1, num_modules=2, module_size=8,
@@ -76,7 +76,8 @@ def test_data_after_a_truncation_changes_neither_loss_nor_gradient():
     mask = jnp.arange(8) < 4  # episode A: transitions 0-3; transition 4 crosses the truncation
 
     def loss(net, seq):
-        out = script.sequence_loss(net, target, seq, args, step_mask=mask)
+        with only_transitions(script, mask):
+            out = script.sequence_loss(net, target, seq, args)
         return out["loss_q"] + out["loss_psi"] + out["phi_error_sum"]
 
     other = seq._replace(steps=seq.steps._replace(
