@@ -657,7 +657,7 @@ def make_network(args: Args, key) -> USFANetwork:
     return USFANetwork(args, env_module(args).TASK_DIM if args.env in LEVEL_ENVS else babyai.NUM_CATEGORIES, key)
 
 
-def make_host_env(args: Args, num_envs: int, seed: int, tasks=None, num_levels: int | None = None, task_of_env=None):
+def make_env(args: Args, num_envs: int, seed: int, tasks=None, num_levels: int | None = None, task_of_env=None):
     """num_envs Fruitbot lifetimes (procgen) or MiniHack episodes stepped together on the host (tasks: the train
     tasks)."""
     tasks = env_module(args).TRAIN_TASKS if tasks is None else tasks
@@ -676,7 +676,7 @@ HOST_OBS = {"fruitbot": "image", "minihack": "tiles"}
 def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
     """seeds: whose host training envs to build (none: a setup for the network, losses and evaluation only)."""
     if on_host(args):
-        env, env_params = [make_host_env(args, args.num_envs, seed) for seed in seeds or []], None
+        env, env_params = [make_env(args, args.num_envs, seed) for seed in seeds or []], None
         if args.env == "minihack":
             tile_images = jnp.asarray(minihack.tile_set()[0])
             render = partial(minihack.render, tile_images=tile_images)
@@ -1002,7 +1002,7 @@ def make_host_evaluate(setup: Setup, args: Args, tasks, gpi_settings):
         initial = eqx.combine(params, setup.static).core.initial_state()
         out = []
         for g in gpi_settings:
-            env = make_host_env(args, n, seed, tasks, num_levels=0,
+            env = make_env(args, n, seed, tasks, num_levels=0,
                                 task_of_env=np.repeat(np.arange(len(tasks)), args.eval_episodes))
             obs = env.reset()
             rnn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), initial)

@@ -590,7 +590,7 @@ def make_network(args: Args, key) -> UVFANetwork:
     return UVFANetwork(args, env_module(args).TRAIN_TASKS.shape[1], key)
 
 
-def make_host_env(args: Args, num_envs: int, seed: int, tasks=None, num_levels: int | None = None, task_of_env=None):
+def make_env(args: Args, num_envs: int, seed: int, tasks=None, num_levels: int | None = None, task_of_env=None):
     """num_envs Fruitbot lifetimes (procgen) or MiniHack episodes stepped together on the host (tasks: the train
     tasks)."""
     tasks = env_module(args).TRAIN_TASKS if tasks is None else tasks
@@ -609,7 +609,7 @@ HOST_OBS = {"fruitbot": "image", "minihack": "tiles"}
 def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
     """seeds: whose host training envs to build (none: a setup for the network, loss and evaluation only)."""
     if on_host(args):
-        env, env_params = [make_host_env(args, args.num_envs, seed) for seed in seeds or []], None
+        env, env_params = [make_env(args, args.num_envs, seed) for seed in seeds or []], None
         if args.env == "minihack":
             render = partial(minihack.render, tile_images=jnp.asarray(minihack.tile_set()[0]))
         else:
@@ -893,7 +893,7 @@ def make_host_evaluate(setup: Setup, args: Args, tasks):
     def evaluate(params, key):
         seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
         n = len(tasks) * args.eval_episodes
-        env = make_host_env(args, n, seed, tasks, num_levels=0,
+        env = make_env(args, n, seed, tasks, num_levels=0,
                             task_of_env=np.repeat(np.arange(len(tasks)), args.eval_episodes))
         obs = env.reset()
         rnn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape),

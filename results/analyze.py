@@ -35,6 +35,8 @@ import tyro
 
 from common.babyai import CATEGORY_KINDS, TEST_TASKS, TRAIN_TASKS, EnvParams
 from common.run import cumulant_quality, exit_on_config_error, format_task, require
+from results import contract
+from results.contract import play_names, require_names, run_label
 from results.evaluate import load_agent, params_files, parse_tasks
 from results.summarize import run_env
 
@@ -67,8 +69,8 @@ class Args:
 @dataclass
 class Agent:
     """One saved seed of a run, rebuilt with the script that trained it."""
-    run: str  # the run's label: its method and folder
-    method: str
+    run: str  # the run's label and folder
+    method: str  # the run's label (contract.run_label): its method, or a copy's exp_name
     seed: int
     step: int
     script: object
@@ -81,13 +83,16 @@ def load_agents(run_dir: Path) -> list[Agent]:
     agents = []
     for path in files:
         script, args, params, header = load_agent(path)
-        agents.append(Agent(f"{header['method']} ({run_dir.name})", header["method"], header["seed"], header["step"],
-                            script, args, params))
+        label = run_label(header, run_dir.name)
+        agent = Agent(f"{label} ({run_dir.name})", label, header["seed"], header["step"], script, args, params)
+        require_names(script, play_names(script) + (("cumulant_stats",) if has_learned_phi(agent) else ()),
+                      "results.analyze", str(path))
+        agents.append(agent)
     return agents
 
 
 def has_psi(agent: Agent) -> bool:
-    return hasattr(agent.script, "gpi_q_values")
+    return contract.has_psi(agent.script)
 
 
 def has_learned_phi(agent: Agent) -> bool:

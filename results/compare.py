@@ -19,6 +19,7 @@ import numpy as np
 import tyro
 
 from common.run import exit_on_config_error, format_task, require
+from results.contract import run_label
 from results.summarize import env_tasks, mean_se
 
 
@@ -33,10 +34,10 @@ class Args:
 
 
 def label(run_dir: Path) -> str:
-    """The method's name from config.json (older runs without one: the directory name)."""
+    """The run's name in tables and figures (results.contract.run_label: the method's name for the repository's
+    scripts, the exp_name for a copy; older runs without a config.json: the directory's name)."""
     config = run_dir / "config.json"
-    method = json.loads(config.read_text()).get("method") if config.exists() else None
-    return method or run_dir.name
+    return run_label(json.loads(config.read_text()) if config.exists() else {}, run_dir.name)
 
 
 def read_eval(run_dir: Path) -> dict:

@@ -30,6 +30,9 @@ SCRIPT_NAMES = {
 EVALUATE = ("Args", "make_network", "make_setup", "make_evaluate", "GPI_SETTINGS")
 """what results.evaluate (and so every tool that loads agents) uses"""
 
+PLAY = ("core_step", "q_values")
+"""what results.analyze and results.video use to play a saved agent step by step (and gpi_q_values with GPI)"""
+
 REPOSITORY_SCRIPTS = ("msfa_babyai", "msfa_fruitbot", "msfa_minihack", "usfa", "uvfa")
 """the repository's own scripts: their runs are labelled by their method's name"""
 
@@ -40,6 +43,16 @@ def require_names(script, names, tool: str, origin: str = "") -> None:
     where = getattr(script, "__file__", script.__name__)
     require(not missing, f"{origin + ': ' if origin else ''}{where} lacks {', '.join(missing)}, which {tool} uses "
                          f"(docs/contract.md: what a training script exposes to the results tools)")
+
+
+def has_psi(script) -> bool:
+    """Whether the script's agents have successor features (and so GPI): its GPI_SETTINGS include 1."""
+    return 1 in tuple(script.GPI_SETTINGS)
+
+
+def play_names(script) -> tuple[str, ...]:
+    """What playing an agent step by step uses of this script."""
+    return PLAY + (("gpi_q_values",) if has_psi(script) else ())
 
 
 def run_label(config: dict, fallback: str) -> str:

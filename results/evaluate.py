@@ -29,6 +29,7 @@ import tyro
 
 from common import babyai
 from common.run import EVAL_FIELDS, ConfigError, exit_on_config_error, format_task, load_script, require
+from results.contract import EVALUATE, require_names
 from results.summarize import args_env, tasks_of_env
 
 MSFA_SCRIPTS = {"babyai": "msfa_babyai", "fruitbot": "msfa_fruitbot", "minihack": "msfa_minihack"}
@@ -97,6 +98,7 @@ def load_agent(path: Path):
             env = args_env(header["args"])
             require(env in MSFA_SCRIPTS, f"{path}: unknown environment {env!r}")
             script = importlib.import_module(MSFA_SCRIPTS[env] if family == "MSFA" else BASELINE_SCRIPTS[family])
+        require_names(script, EVALUATE, "every results tool that loads agents", str(path))
         fields = {f.name for f in dataclasses.fields(script.Args)}
         args = script.Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in header["args"].items()
                               if k in fields})

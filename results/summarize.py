@@ -22,6 +22,7 @@ import tyro
 from common import babyai
 from common.babyai import bfs_oracle_returns, random_policy_returns
 from common.run import exit_on_config_error, format_task, require
+from results.contract import run_label
 
 
 @dataclass
@@ -142,7 +143,10 @@ def main(args: Args) -> None:
     references = (f"references over {args.episodes} episodes" if babyai_run else
                   f"{env} has no oracle here: its random references are `python -m common."
                   f"{'fruitbot_jax' if env == 'fruitbot' else env}`")
-    print(f"Greedy return at step {step:,}, mean ± s.e. over {seeds} seed(s) of each seed's mean; {references}.\n")
+    config = Path(args.run_dir) / "config.json"
+    name = run_label(json.loads(config.read_text()) if config.exists() else {}, Path(args.run_dir).name)
+    print(f"{name}: greedy return at step {step:,}, mean ± s.e. over {seeds} seed(s) of each seed's mean; "
+          f"{references}.\n")
     print("| split | task | GPI | no GPI | BFS oracle | random |")
     print("|---|---|---:|---:|---:|---:|")
     for split, tasks in (("train", train_tasks), ("test", test_tasks)):

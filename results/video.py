@@ -31,6 +31,7 @@ import numpy as np
 import tyro
 
 from common.run import exit_on_config_error, format_task, require
+from results.contract import has_psi, play_names, require_names
 from results.evaluate import load_agent, params_files, parse_tasks
 from results.summarize import args_env, tasks_of_env
 
@@ -89,10 +90,6 @@ def select_params(run_dir: Path, run_seed: int | None) -> Path:
     require(path.exists(), f"{path} does not exist; this run has seeds "
                            f"{', '.join(p.stem.split('seed')[1] for p in files)}")
     return path
-
-
-def has_psi(script) -> bool:
-    return hasattr(script, "gpi_q_values")
 
 
 def gpi_support(env: str, args) -> jax.Array:
@@ -212,7 +209,7 @@ def play_host(script, setup, args, params, w, use_gpi: bool, key, max_steps: int
     from common import minihack
 
     seed = int(jax.random.randint(key, (), 0, 2**31 - 1))  # the evaluation's level seed
-    make = getattr(script, "make_host_env", None) or script.make_env
+    make = script.make_env
     env = make(args, 1, seed, np.asarray(w, np.float32)[None], num_levels=0, task_of_env=np.zeros(1, np.int64))
     obs_key = "tiles" if env_name == "minihack" else "image"
     decide = make_decide(script, setup, env_name, args, use_gpi)
@@ -272,8 +269,12 @@ def record_episode(run_dir: Path, task: str, gpi: str = "on", seed: int = 0, run
     ConfigErrors."""
     require(gpi in ("on", "off"), f"--gpi must be on or off, got {gpi!r}")
     require(max_steps > 0, f"--max-steps must be positive, got {max_steps}")
-    script, args, params, header = load_agent(select_params(run_dir, run_seed))
+    path = select_params(run_dir, run_seed)
+    script, args, params, header = load_agent(path)
     env_name = args_env(header["args"])
+    host = env_name == "minihack" or (env_name == "fruitbot" and getattr(args, "env_backend", "jax") == "procgen")
+    host_env = ("make_env",) if host else ()
+    require_names(script, play_names(script) + ("make_setup",) + host_env, "results.video", str(path))
     train, test = tasks_of_env(env_name)
     tasks = parse_tasks(task, train, test)
     require(len(tasks) == 1, f"--task takes one task vector, got {len(tasks)} ({task!r})")
@@ -282,7 +283,6 @@ def record_episode(run_dir: Path, task: str, gpi: str = "on", seed: int = 0, run
     w = tasks[0]
     setup = script.make_setup(args)
     key = jax.random.fold_in(jax.random.PRNGKey(seed), header["seed"])  # results.evaluate's key of this seed
-    host = env_name == "minihack" or (env_name == "fruitbot" and getattr(args, "env_backend", "jax") == "procgen")
     if host:
         trace = play_host(script, setup, args, params, w, use_gpi, key, max_steps, env_name)
     elif env_name == "fruitbot":

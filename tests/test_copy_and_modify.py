@@ -4,13 +4,15 @@ A copy of msfa_babyai.py outside the repository gets another loss term (the phi 
 the loss, not through a flag), a new logged metric (the mean |Q| of the batch), and another layer (a LayerNorm on each
 module's state before the psi MLP). It trains tiny; then results.evaluate (which must reproduce the run's own
 evaluation), results.analyze, results.plot, results.summarize and results.compare run on its directory, rebuilding
-the agent with the copy named in config.json and the parameter files' headers. A moved copy gives one line."""
+the agent with the copy named in config.json and the parameter files' headers, and label its runs by its exp_name.
+A moved copy, or one without a name the tools use (docs/contract.md), gives one line."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,7 +85,7 @@ def test_every_results_tool_rebuilds_the_copys_agent(copied_run, tmp_path, capsy
     summarize.main(summarize.Args(run_dir=str(run)))
     compare.main(compare.Args(run_dirs=(str(run),)))
     out = capsys.readouterr().out
-    assert "MSFA" in out
+    assert "my_msfa: greedy return" in out and "| my_msfa |" in out and "| MSFA |" not in out  # labelled as the copy
     check_video_is_the_evaluations(run, "-1,1,0,1", "on")  # the copy's episode, as its own evaluation plays it
     video.main(video.Args(run_dir=str(run), task="1,0,0,0", max_steps=3, out=str(tmp_path / "copy.gif")))
     assert "3 frames" in capsys.readouterr().out
@@ -103,3 +105,28 @@ def test_a_moved_copy_gives_one_line(copied_run, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(err) == 1, err
     assert f"was trained by {script}, which is not there" in err[0]
+
+
+def test_a_copy_without_a_name_the_tools_use_is_refused_with_one_line_naming_it(copied_run, tmp_path, capsys):
+    """The copy with make_evaluate renamed (everywhere in it, so that it still trains): results.evaluate,
+    results.analyze and results.video each stop with one line naming what is missing and where it is described."""
+    from results import analyze, evaluate, video
+
+    script, run = copied_run
+    broken = tmp_path / "my_msfa_renamed.py"
+    broken.write_text(script.read_text().replace("make_evaluate", "make_evaluation"))
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    for path in copy.glob("params_seed*.eqx"):  # the run trained by the renamed copy
+        header, body = path.read_bytes().split(b"\n", 1)
+        path.write_bytes(json.dumps(json.loads(header) | {"script": str(broken)}).encode() + b"\n" + body)
+    tools = [lambda: evaluate.main(evaluate.Args(run_dir=str(copy), episodes=1, out=str(tmp_path / "x.csv"))),
+             lambda: analyze.main(analyze.Args(run_dirs=(str(copy),), out=str(tmp_path / "a"), episodes=1)),
+             lambda: video.main(video.Args(run_dir=str(copy), task="1,0,0,0", max_steps=2,
+                                           out=str(tmp_path / "v.gif")))]
+    for tool in tools:
+        with pytest.raises(SystemExit) as exit_info:
+            tool()
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_info.value.code == 2 and len(err) == 1, err
+        assert f"{broken} lacks make_evaluate" in err[0] and "docs/contract.md" in err[0], err[0]

@@ -57,3 +57,24 @@ def test_the_readmes_method_map_points_at_the_right_lines():
         first, last = map(int, re.search(r"(\d+)-(\d+) \|$", row).groups())
         assert names, row
         assert (first, last) == (spans[names[0]][0], spans[names[-1]][1]), (row, [spans[n] for n in names])
+
+
+CONTRACT = {  # what each script must expose to the results tools (docs/contract.md), beyond results.evaluate's names
+    "msfa_babyai": ("core_step", "q_values", "gpi_q_values", "cumulant_stats"),
+    "msfa_fruitbot": ("core_step", "q_values", "gpi_q_values", "make_env"),
+    "msfa_minihack": ("core_step", "q_values", "gpi_q_values", "make_env"),
+    "usfa": ("core_step", "q_values", "gpi_q_values", "cumulant_stats", "make_env"),
+    "uvfa": ("core_step", "q_values", "make_env"),
+}
+
+
+@pytest.mark.parametrize("name", list(CONTRACT))
+def test_every_script_exposes_what_the_results_tools_use(name):
+    from helpers import SCRIPTS
+    from results import contract
+
+    script = SCRIPTS[name]
+    needed = contract.EVALUATE + CONTRACT[name]
+    assert set(needed) <= set(contract.SCRIPT_NAMES)
+    assert set(contract.play_names(script)) <= set(needed)
+    contract.require_names(script, needed, "the results tools")  # one line naming what is missing, if anything
