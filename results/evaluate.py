@@ -29,6 +29,7 @@ import tyro
 
 from common import babyai
 from common.run import EVAL_FIELDS, ConfigError, exit_on_config_error, format_task, load_script, require
+from results.compact import open_params
 from results.contract import EVALUATE, require_names
 from results.summarize import args_env, tasks_of_env
 
@@ -75,17 +76,23 @@ def parse_tasks(text: str, train=babyai.TRAIN_TASKS, test=babyai.TEST_TASKS) -> 
 
 
 def params_files(run_dir: Path) -> list[Path]:
-    """A run's parameter files, params_seed<N>.eqx, in seed order; one line if there are none."""
+    """A run's parameter files, params_seed<N>.eqx (or their compact form .eqz, results/compact.py), in seed order;
+    one line if there are none."""
     require(run_dir.is_dir(), f"{run_dir} is not a directory: no params_seed<N>.eqx there; pass a run directory that "
                               "has evaluated at least once")
-    files = sorted(run_dir.glob("params_seed*.eqx"), key=lambda p: int(p.stem.split("seed")[1]))
+    files = sorted([*run_dir.glob("params_seed*.eqx"), *run_dir.glob("params_seed*.eqz")],
+                   key=lambda p: int(p.stem.split("seed")[1]))
     require(files, f"no params_seed<N>.eqx in {run_dir}; pass a run directory that has evaluated at least once")
+    seeds = [p.stem for p in files]
+    for twice in sorted({s for s in seeds if seeds.count(s) > 1})[:1]:
+        require(False, f"{run_dir} holds both {twice}.eqx and {twice}.eqz: keep one (the .eqx is the newer if the run "
+                       "went on after results.compact)")
     return files
 
 
 def load_agent(path: Path):
-    """(script module, its Args, the seed's online params, header) from a params_seed<N>.eqx file."""
-    with path.open("rb") as f:
+    """(script module, its Args, the seed's online params, header) from a params_seed<N>.eqx (or .eqz) file."""
+    with open_params(path) as f:
         try:
             header = json.loads(f.readline().decode())
         except ValueError:

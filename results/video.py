@@ -44,7 +44,6 @@ ACTION_NAMES = {
     "babyai": ("left", "right", "forward", "pickup"),
     "minihack": ("N", "E", "S", "W", "NE", "SE", "SW", "NW"),
 }  # Fruitbot's 15 are procgen's button combinations: shown by index
-PANEL_HEIGHT = 288  # pixels: every panel is scaled (nearest neighbour) to this height
 TEXT_LINES = 5
 
 
@@ -64,6 +63,9 @@ class Args:
     """stop the video after this many steps (a Fruitbot lifetime can last 4,000)"""
     fps: float = 8.0
     """frames per second of the GIF"""
+    panel_height: int = 240
+    """pixels: each panel (the view from above, the agent's view) is scaled to at most this height: up by the largest
+    whole factor (nearest neighbour), or averaged down where the panel is taller"""
     out: str = "agent.gif"
     """the GIF to write"""
 
@@ -86,10 +88,10 @@ def select_params(run_dir: Path, run_seed: int | None) -> Path:
     files = params_files(run_dir)
     if run_seed is None:
         return files[0]
-    path = run_dir / f"params_seed{run_seed}.eqx"
-    require(path.exists(), f"{path} does not exist; this run has seeds "
-                           f"{', '.join(p.stem.split('seed')[1] for p in files)}")
-    return path
+    chosen = [p for p in files if p.stem == f"params_seed{run_seed}"]
+    require(chosen, f"{run_dir / f'params_seed{run_seed}.eqx'} does not exist; this run has seeds "
+                    f"{', '.join(p.stem.split('seed')[1] for p in files)}")
+    return chosen[0]
 
 
 def gpi_support(env: str, args) -> jax.Array:
@@ -318,14 +320,18 @@ def overlay_lines(trace: Trace, t: int, env_name: str, w: np.ndarray, use_gpi: b
     return lines
 
 
-def compose_frame(panels: list[np.ndarray], lines: list[str], title: str) -> np.ndarray:
+def compose_frame(panels: list[np.ndarray], lines: list[str], title: str, panel_height: int = 240) -> np.ndarray:
     """Panels side by side (scaled to one height), the title above, the step's lines below."""
     from PIL import Image, ImageDraw, ImageFont
 
     scaled = []
     for p in panels:
-        factor = max(1, PANEL_HEIGHT // p.shape[0])
-        scaled.append(np.kron(p, np.ones((factor, factor, 1), np.uint8)))
+        if p.shape[0] > panel_height:  # averaged down (BabyAI's 320-pixel room)
+            width = round(p.shape[1] * panel_height / p.shape[0])
+            scaled.append(np.asarray(Image.fromarray(p).resize((width, panel_height), Image.Resampling.BOX)))
+        else:  # whole pixels scaled up (the agent's 40-pixel view, Fruitbot's 64-pixel frame)
+            factor = panel_height // p.shape[0]
+            scaled.append(np.kron(p, np.ones((factor, factor, 1), np.uint8)))
     height = max(s.shape[0] for s in scaled)
     row = np.concatenate([np.pad(s, ((0, height - s.shape[0]), (4, 4), (0, 0)), constant_values=255)
                           for s in scaled], axis=1)
@@ -342,18 +348,23 @@ def compose_frame(panels: list[np.ndarray], lines: list[str], title: str) -> np.
     return np.asarray(canvas)
 
 
-def video_frames(trace: Trace, header: dict, env_name: str, w: np.ndarray, use_gpi: bool, args) -> list[np.ndarray]:
+def video_frames(trace: Trace, header: dict, env_name: str, w: np.ndarray, use_gpi: bool, args,
+                 panel_height: int = 240) -> list[np.ndarray]:
     label = contribution_groups(args, len(w))[1]
     title = (f"{header['method']}, seed {header['seed']}, step {header['step']:,}: task w = [{format_task(w)}], "
              + ("GPI over the train tasks" if use_gpi else "acting on w"))
-    return [compose_frame(trace.frames[t], overlay_lines(trace, t, env_name, w, use_gpi, label), title)
+    return [compose_frame(trace.frames[t], overlay_lines(trace, t, env_name, w, use_gpi, label), title, panel_height)
             for t in range(len(trace.reward))]
 
 
 def write_gif(frames: list[np.ndarray], path: Path, fps: float) -> None:
     from PIL import Image
 
-    images = [Image.fromarray(f) for f in frames]
+    # one palette for the whole video, no dithering: a step redraws only the pixels that changed, which the GIF stores
+    # as a small patch (a palette per frame, dithered, makes every frame new and the file several times larger)
+    sample = Image.fromarray(np.concatenate(frames[:: max(1, len(frames) // 16)], axis=0))
+    palette = sample.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    images = [Image.fromarray(f).quantize(palette=palette, dither=Image.Dither.NONE) for f in frames]
     tmp = path.with_name(path.name + ".tmp")
     images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0,
                    optimize=True)
@@ -366,9 +377,10 @@ def main(args: Args) -> None:
     require(out.suffix.lower() == ".gif", f"--out must name a .gif file, got {args.out!r}")
     require(out.parent.is_dir(), f"--out: the folder {out.parent} does not exist; create it first")
     require(args.fps > 0, f"--fps must be positive, got {args.fps}")
+    require(args.panel_height >= 16, f"--panel-height must be at least 16 pixels, got {args.panel_height}")
     trace, header, env_name, w, run_args = record_episode(Path(args.run_dir), args.task, args.gpi, args.seed,
                                                           args.run_seed, args.max_steps)
-    write_gif(video_frames(trace, header, env_name, w, args.gpi == "on", run_args), out, args.fps)
+    write_gif(video_frames(trace, header, env_name, w, args.gpi == "on", run_args, args.panel_height), out, args.fps)
     ended = "the episode ended" if trace.complete else f"stopped at --max-steps {args.max_steps}"
     print(f"wrote {out}: {len(trace.reward)} frames ({ended}), return {trace.reward.sum():+.2f}")
 

@@ -1,6 +1,6 @@
 """results.video: the watched episode is the evaluation's episode, its overlay shows the evaluation's numbers, and bad
-input stops with one line. Uses the saved agents committed under results/ (MiniHack's: tests/test_msfa_minihack.py's
-tiny run)."""
+input stops with one line. Uses the saved MSFA agents committed under results/ (UVFA-FARM's: a tiny run here;
+MiniHack's: tests/test_msfa_minihack.py's tiny run)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,20 @@ from helpers import check_video_is_the_evaluations
 from results import video
 
 ROOT = Path(__file__).resolve().parent.parent
-MSFA_BABYAI = ROOT / "results/babyai/paper_protocol_h200/msfa"
-UVFA_FARM_BABYAI = ROOT / "results/babyai/paper_protocol_h100/uvfa_farm"
+MSFA_BABYAI = ROOT / "results/babyai/paper_protocol_h200/msfa"  # committed in compact form (.eqz)
 MSFA_FRUITBOT = ROOT / "results/fruitbot/paper_cpu_msfa"
+
+
+@pytest.fixture(scope="module")
+def uvfa_farm_babyai(tmp_path_factory):
+    """A tiny UVFA-FARM run (the repository keeps the saved agents of MSFA alone)."""
+    from helpers import VARIANTS
+
+    script, settings, _ = VARIANTS["uvfa-farm"]
+    run_dir = tmp_path_factory.mktemp("video") / "uvfa_farm"
+    script.main(script.Args(**(settings | dict(run_dir=str(run_dir), total_timesteps=64, log_every=64,
+                                               eval_every=64))))
+    return run_dir
 
 
 def test_babyai_video_is_the_evaluations_episode_with_gpi():
@@ -29,8 +40,8 @@ def test_babyai_video_is_the_evaluations_episode_with_gpi():
     assert lines[1] == "pickups: " + "  ".join(f"{n} {int(c)}" for n, c in zip(video.CATEGORY_NAMES["babyai"], counts))
 
 
-def test_babyai_video_of_a_uvfa_agent_without_gpi():
-    trace = check_video_is_the_evaluations(UVFA_FARM_BABYAI, "1,1,1,1", "off", seed=1)
+def test_babyai_video_of_a_uvfa_agent_without_gpi(uvfa_farm_babyai):
+    trace = check_video_is_the_evaluations(uvfa_farm_babyai, "1,1,1,1", "off", seed=1)
     assert trace.contribution.shape == (200, 0)
 
 
