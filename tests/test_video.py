@@ -70,14 +70,17 @@ def test_cli_writes_one_frame_per_step(tmp_path, capsys):
     (dict(task="1,0,0,0;0,1,0,0"), "--task takes one task vector"),
     (dict(run_dir="missing"), "is not a directory"),
     (dict(run_seed=7), "params_seed7.eqx does not exist; this run has seeds 1"),
-    (dict(run_dir=str(UVFA_FARM_BABYAI)), "has no successor features, so no GPI: use --gpi off"),
+    (dict(run_dir="uvfa-farm"), "has no successor features, so no GPI: use --gpi off"),
     (dict(out="agent.mp4"), "--out must name a .gif file"),
     (dict(gpi="maybe"), "--gpi must be on or off"),
+    (dict(panel_height=8), "--panel-height must be at least 16 pixels"),
 ])
-def test_bad_input_gets_one_line(overrides, message, tmp_path, capsys):
+def test_bad_input_gets_one_line(overrides, message, tmp_path, capsys, request):
     fields = dict(run_dir=str(MSFA_BABYAI), out=str(tmp_path / "a.gif")) | overrides
     if fields["run_dir"] == "missing":
         fields["run_dir"] = str(tmp_path / "missing")
+    if fields["run_dir"] == "uvfa-farm":
+        fields["run_dir"] = str(request.getfixturevalue("uvfa_farm_babyai"))
     with pytest.raises(SystemExit) as exit_info:
         video.main(video.Args(**fields))
     err = capsys.readouterr().err.strip().splitlines()
