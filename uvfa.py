@@ -34,7 +34,7 @@ import os
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import equinox as eqx
 import flashbax as fbx
@@ -196,6 +196,8 @@ class Args:
     env_workers: int = 1
     """MiniHack: processes stepping each seed's envs in parallel (1: in this process; more on a machine with many
     cores: the same episodes, faster)"""
+    ALSO_SAFE_TO_CHANGE: ClassVar[tuple[str, ...]] = ("env_workers",)
+    """--resume may change these too (common.run.safe_to_change): the same episodes, stepped by more processes"""
     core_backend: str | None = None
     """speed only: how FARM's recurrence is computed: xla (common/farm.py's step in a lax.scan), pallas (the same
     function as fused GPU kernels, common/farm_pallas.py), pallas-bf16 (those with the LSTMs' weight in bfloat16:
