@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from common.babyai import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, EnvParams, GotoAvoid, make_params
+from common.envs.babyai import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, EnvParams, GotoAvoid, make_params
 from common.farm import BACKENDS, FarmCore, default_backend
 from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector

@@ -7,14 +7,14 @@ phi . w on the reward. At test time GPI composes the train-task policies: argmax
 
 The file reads top to bottom as the whole algorithm: arguments (the paper's Fruitbot settings as defaults), the
 network and its Q/GPI heads, replay items, the recurrent unroll, n-step targets and the losses, acting, the jitted
-training program, evaluation, and main. Fruitbot runs in JAX by default (common/fruitbot_jax.py: procgen's game
+training program, evaluation, and main. Fruitbot runs in JAX by default (common/envs/fruitbot_jax.py: procgen's game
 rules, proven against procgen state by state, and the original's per-task games, --distribution-mode paper), so
 acting, replay insertion, sampling and SGD run as one jitted program per chunk, as in msfa_babyai.py. With
 --env-backend procgen the stock procgen game (C++, hard or easy) is stepped from inside the jitted chunk through
 `jax.experimental.io_callback` instead (benchmarks/host_env.py). What differs from BabyAI besides sizes: an episode is a lifetime of up to 4 levels; hitting a
 barrier ends it as a termination (learned as a terminal transition, no bootstrap), the per-level timeout is a
 truncation (masked); the Impala torso; importance weights (exponent 0.6); GPI support from a flag. common/ holds
-what is not the algorithm: the environment (common/fruitbot_jax.py; common/fruitbot.py for procgen, exact
+what is not the algorithm: the environment (common/envs/fruitbot_jax.py; common/envs/fruitbot.py for procgen, exact
 per-category cumulants from its state), FARM, GPI, network layers and the run directory.
 
     python msfa_fruitbot.py --seed 3                 # the paper's Fruitbot settings (replay 70k sequences: ~35 GB)
@@ -40,8 +40,8 @@ import optax
 from jax.experimental import io_callback
 
 from common.farm import BACKENDS, FarmCore, default_backend
-from common import fruitbot_jax
-from common.fruitbot import IMAGE_SHAPE, MAX_LEVELS, NUM_ACTIONS, TEST_TASKS, TRAIN_LEVELS, TRAIN_TASKS, Fruitbot
+from common.envs import fruitbot_jax
+from common.envs.fruitbot import IMAGE_SHAPE, MAX_LEVELS, NUM_ACTIONS, TEST_TASKS, TRAIN_LEVELS, TRAIN_TASKS, Fruitbot
 from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector
 from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_config_error, format_task,
@@ -124,7 +124,7 @@ class Args:
     """the game: "paper" (the original's per-task games: easy mode, levels 90 tall, each task its own object lists,
     no completion bonus; JAX only), or stock procgen's "hard" (all 12 object types, doors) or "easy" (4 types)"""
     env_backend: str = "jax"
-    """"jax": the game in JAX inside the jitted program (common/fruitbot_jax.py); "procgen": stock procgen on the
+    """"jax": the game in JAX inside the jitted program (common/envs/fruitbot_jax.py); "procgen": stock procgen on the
     host through io_callback (hard or easy only)"""
     train_levels: int = TRAIN_LEVELS
     """training levels: procgen's level seeds 0..train_levels-1, or with JAX a pool of that many levels per task
@@ -556,7 +556,7 @@ class TrainState(NamedTuple):
 
 class Setup(NamedTuple):
     """Everything static a run needs, built once from Args."""
-    envs: list  # procgen backend: one common.fruitbot.Fruitbot of num_envs envs per seed, stepped on the host
+    envs: list  # procgen backend: one common.envs.fruitbot.Fruitbot of num_envs envs per seed, stepped on the host
     env: object  # JAX backend: the fruitbot_jax.FruitbotJax env (None with procgen)
     env_params: object  # and its params: the training tasks and their level pools
     static: object  # the network's non-array parts (eqx.partition)

@@ -15,7 +15,7 @@ network and its Q/GPI heads, replay items, the recurrent unroll, n-step targets 
 training program, evaluation, and main. It is msfa_fruitbot.py on another host env: NLE (C) steps on the host, and
 the jitted training chunk steps it from inside through `jax.experimental.io_callback`, so acting, replay insertion,
 sampling and SGD run as one program per chunk. What differs from Fruitbot: the env returns the agent-centred 9x9
-crop as tile indices (162 bytes a step in replay instead of a 12 KB frame) and common/minihack.py's `render` draws
+crop as tile indices (162 bytes a step in replay instead of a 12 KB frame) and common/envs/minihack.py's `render` draws
 the paper's 64x64 image from them inside the network (bit-identical to the original's resized pixel_crop); reaching
 the stairs and dying are terminations (learned, with the true final view for phi), the time limit a truncation
 (masked); the original's min replay of 100 sequences; GPI support from a flag. common/ holds what is not the
@@ -32,7 +32,7 @@ import os
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import equinox as eqx
 import flashbax as fbx
@@ -44,7 +44,7 @@ import optax
 from jax.experimental import io_callback
 
 from common.farm import BACKENDS, FarmCore, default_backend
-from common.minihack import (CROP, NUM_ACTIONS, ROOM_SIZES, TEST_TASKS, TRAIN_LEVELS, TRAIN_TASKS,
+from common.envs.minihack import (CROP, NUM_ACTIONS, ROOM_SIZES, TEST_TASKS, TRAIN_LEVELS, TRAIN_TASKS,
                              make_rooms, render, tile_set)
 from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector
@@ -188,6 +188,8 @@ class Args:
     env_workers: int = 1
     """processes stepping each seed's envs in parallel (1: in this process; on a machine with many cores, more: the
     same episodes, faster, as the seeds' envs otherwise step on one core)"""
+    ALSO_SAFE_TO_CHANGE: ClassVar[tuple[str, ...]] = ("env_workers",)
+    """--resume may change these too (common.run.safe_to_change): the same episodes, stepped by more processes"""
     core_backend: str | None = None
     """speed only: how FARM's recurrence is computed: xla (common/farm.py's step in a lax.scan), pallas (the same
     function as fused GPU kernels, common/farm_pallas.py), pallas-bf16 (those with the LSTMs' weight in bfloat16:
@@ -553,7 +555,7 @@ class TrainState(NamedTuple):
 
 class Setup(NamedTuple):
     """Everything static a run needs, built once from Args."""
-    envs: list  # one common.minihack.MiniHackRooms (or ParallelRooms) of num_envs envs per seed, stepped on the host
+    envs: list  # one common.envs.minihack.MiniHackRooms (or ParallelRooms) of num_envs envs per seed, stepped on the host
     static: object  # the network's non-array parts (eqx.partition)
     optimizer: optax.GradientTransformation
     buffer: object  # flashbax prioritised item buffer of Sequences
@@ -566,7 +568,7 @@ def make_network(args: Args, key) -> MSFANetwork:
 
 def make_env(args: Args, num_envs: int, seed: int, tasks=TRAIN_TASKS, num_levels: int | None = None,
              task_of_env=None):
-    """num_envs MiniHack rooms (common.minihack.MiniHackRooms, or ParallelRooms with --env-workers above 1)."""
+    """num_envs MiniHack rooms (common.envs.minihack.MiniHackRooms, or ParallelRooms with --env-workers above 1)."""
     return make_rooms(num_envs, tasks, workers=args.env_workers, size=args.room_size, seed=seed,
                       task_of_env=task_of_env, num_levels=args.train_levels if num_levels is None else num_levels)
 

@@ -17,7 +17,7 @@ The file reads top to bottom as the whole algorithm: arguments (the paper's sett
 environment, the network and its Q/GPI heads, replay items, the recurrent unroll, n-step targets and the losses,
 acting, the jitted training program, evaluation, and main (see msfa_babyai.py for the shape of the program). One
 training loop serves every environment: BabyAI and, by default, Fruitbot are JAX and step inside the jitted chunk
-(Fruitbot: common/fruitbot_jax.py, the original's per-task games with --distribution-mode paper, as msfa_fruitbot.py);
+(Fruitbot: common/envs/fruitbot_jax.py, the original's per-task games with --distribution-mode paper, as msfa_fruitbot.py);
 MiniHack (NLE), and Fruitbot with --env-backend procgen (stock hard or easy), run on the host and step from inside the
 same chunk through io_callback (as msfa_minihack.py; benchmarks/host_env.py). MiniHack's rooms define no cumulants, so
 there USFA only learns them.
@@ -34,7 +34,7 @@ import os
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import equinox as eqx
 import flashbax as fbx
@@ -44,8 +44,8 @@ import numpy as np
 import optax
 from jax.experimental import io_callback
 
-from common import babyai, fruitbot, fruitbot_jax, minihack
-from common.babyai import EnvParams, GotoAvoid, Observation, make_params
+from common.envs import babyai, fruitbot, fruitbot_jax, minihack
+from common.envs.babyai import EnvParams, GotoAvoid, Observation, make_params
 from common.gpi import gpi_values
 from common.networks import MLP, LSTMCore, count_params, oar_vector
 from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_config_error, format_task,
@@ -136,7 +136,7 @@ class Args:
     """Fruitbot: the game: "paper" (the original's per-task games: easy mode, levels 90 tall, each task its own object
     lists, no completion bonus; JAX only), or stock procgen's "hard" (all 12 object types, doors) or "easy" (4 types)"""
     env_backend: str = "jax"
-    """Fruitbot: "jax": the game in JAX inside the jitted program (common/fruitbot_jax.py); "procgen": stock procgen on
+    """Fruitbot: "jax": the game in JAX inside the jitted program (common/envs/fruitbot_jax.py); "procgen": stock procgen on
     the host through io_callback (hard or easy only)"""
     room_size: str = "5x5"
     """MiniHack: 5x5 (the paper's small room) or 15x15 (the large room)"""
@@ -201,6 +201,8 @@ class Args:
     env_workers: int = 1
     """MiniHack: processes stepping each seed's envs in parallel (1: in this process; more on a machine with many
     cores: the same episodes, faster)"""
+    ALSO_SAFE_TO_CHANGE: ClassVar[tuple[str, ...]] = ("env_workers",)
+    """--resume may change these too (common.run.safe_to_change): the same episodes, stepped by more processes"""
 
 
 PAPER_SETTINGS = {
@@ -222,7 +224,7 @@ JAX_GAMES = {"paper": "paper", "hard": "stock-hard", "easy": "stock-easy"}  # --
 
 
 def env_module(args: Args):
-    """common.babyai, common.fruitbot or common.minihack: the env's actions and tasks."""
+    """common.envs.babyai, common.envs.fruitbot or common.envs.minihack: the env's actions and tasks."""
     return ENVS[args.env]
 
 

@@ -18,7 +18,7 @@ The file reads top to bottom as the whole algorithm: arguments (the paper's sett
 environment, the network and its Q head, replay items, the recurrent unroll, n-step targets and the loss, acting,
 the jitted training program, evaluation, and main (see msfa_babyai.py for the shape of the program). One training
 loop serves every environment: BabyAI and, by default, Fruitbot are JAX and step inside the jitted chunk (Fruitbot:
-common/fruitbot_jax.py, the original's per-task games with --distribution-mode paper, as msfa_fruitbot.py); MiniHack's
+common/envs/fruitbot_jax.py, the original's per-task games with --distribution-mode paper, as msfa_fruitbot.py); MiniHack's
 host envs, and Fruitbot's with --env-backend procgen (stock hard or easy), step from inside the same chunk through
 io_callback.
 
@@ -34,7 +34,7 @@ import os
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import equinox as eqx
 import flashbax as fbx
@@ -44,8 +44,8 @@ import numpy as np
 import optax
 from jax.experimental import io_callback
 
-from common import babyai, fruitbot, fruitbot_jax, minihack
-from common.babyai import EnvParams, GotoAvoid, Observation, make_params
+from common.envs import babyai, fruitbot, fruitbot_jax, minihack
+from common.envs.babyai import EnvParams, GotoAvoid, Observation, make_params
 from common.farm import BACKENDS, FarmCore, apply_per_module, default_backend
 from common.networks import MLP, LSTMCore, count_params, oar_vector
 from common.run import (RunDir, StopSignals, eval_line, exit_on_config_error, format_task, parse_args,
@@ -136,7 +136,7 @@ class Args:
     """Fruitbot: the game: "paper" (the original's per-task games: easy mode, levels 90 tall, each task its own object
     lists, no completion bonus; JAX only), or stock procgen's "hard" (all 12 object types, doors) or "easy" (4 types)"""
     env_backend: str = "jax"
-    """Fruitbot: "jax": the game in JAX inside the jitted program (common/fruitbot_jax.py); "procgen": stock procgen on
+    """Fruitbot: "jax": the game in JAX inside the jitted program (common/envs/fruitbot_jax.py); "procgen": stock procgen on
     the host through io_callback (hard or easy only)"""
     room_size: str = "5x5"
     """MiniHack: 5x5 (the paper's small room) or 15x15 (the large room)"""
@@ -196,6 +196,8 @@ class Args:
     env_workers: int = 1
     """MiniHack: processes stepping each seed's envs in parallel (1: in this process; more on a machine with many
     cores: the same episodes, faster)"""
+    ALSO_SAFE_TO_CHANGE: ClassVar[tuple[str, ...]] = ("env_workers",)
+    """--resume may change these too (common.run.safe_to_change): the same episodes, stepped by more processes"""
     core_backend: str | None = None
     """speed only: how FARM's recurrence is computed: xla (common/farm.py's step in a lax.scan), pallas (the same
     function as fused GPU kernels, common/farm_pallas.py), pallas-bf16 (those with the LSTMs' weight in bfloat16:
@@ -224,7 +226,7 @@ JAX_GAMES = {"paper": "paper", "hard": "stock-hard", "easy": "stock-easy"}  # --
 
 
 def env_module(args: Args):
-    """common.babyai, common.fruitbot or common.minihack: the env's actions and tasks."""
+    """common.envs.babyai, common.envs.fruitbot or common.envs.minihack: the env's actions and tasks."""
     return ENVS[args.env]
 
 

@@ -1,8 +1,8 @@
 """Env steps/s of the jitted, vmapped JAX envs against their reference implementations, in one run on one machine.
 
-BabyAI (`--env babyai`): JAX GotoAvoid against its minigrid twin. Fruitbot (`--env fruitbot`): common/fruitbot_jax.py
+BabyAI (`--env babyai`): JAX GotoAvoid against its minigrid twin. Fruitbot (`--env fruitbot`): common/envs/fruitbot_jax.py
 (frames included) against raw procgen (ProcgenGym3Env, its own threads) and the procgen host env the scripts used
-before (common.fruitbot.Fruitbot: cumulants read from procgen's state), and the env's share of msfa_fruitbot.py's
+before (common.envs.fruitbot.Fruitbot: cumulants read from procgen's state), and the env's share of msfa_fruitbot.py's
 jitted training iteration (the iteration's time against the same env steps alone).
 
 Random actions, auto-reset included. The JAX figure times `lax.scan` over the steps of `vmap(env.step)` and reduces
@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 import tyro
 
-from common.babyai import NUM_ACTIONS, GotoAvoid
-from common.minigrid_twin import GotoAvoidMiniGrid
+from common.envs.babyai import NUM_ACTIONS, GotoAvoid
+from common.envs.minigrid_twin import GotoAvoidMiniGrid
 from common.run import exit_on_config_error, require
 
 
@@ -52,9 +52,9 @@ class Args:
 
 def jax_steps_per_second(mode: str, num_envs: int, steps: int, repeats: int, seed: int, devices: int = 1) -> float:
     """Steps/s of `num_envs` vmapped envs; with devices > 1, that many such batches run under pmap, one per core.
-    mode: BabyAI's "rgb" or "symbolic", or "fruitbot-<config>" (common.fruitbot_jax.CONFIGS)."""
+    mode: BabyAI's "rgb" or "symbolic", or "fruitbot-<config>" (common.envs.fruitbot_jax.CONFIGS)."""
     if mode.startswith("fruitbot-"):
-        from common.fruitbot_jax import TRAIN_TASKS, FruitbotJax
+        from common.envs.fruitbot_jax import TRAIN_TASKS, FruitbotJax
 
         env = FruitbotJax(mode.removeprefix("fruitbot-"))
         params = env.make_params(TRAIN_TASKS, num_levels=200)
@@ -111,10 +111,10 @@ def twin_steps_per_second(mode: str, steps: int, repeats: int, seed: int) -> flo
 
 def procgen_steps_per_second(num_envs: int, steps: int, repeats: int, seed: int, host_env: bool = False) -> float:
     """Raw procgen Fruitbot (hard, random actions, num_threads 2), or with host_env the procgen env the scripts
-    step through io_callback (common.fruitbot.Fruitbot, exact cumulants from the game's state)."""
+    step through io_callback (common.envs.fruitbot.Fruitbot, exact cumulants from the game's state)."""
     from procgen import ProcgenGym3Env
 
-    from common.fruitbot import Fruitbot
+    from common.envs.fruitbot import Fruitbot
 
     rng = np.random.default_rng(seed)
     if host_env:
@@ -170,7 +170,7 @@ def fruitbot_rows(args: Args) -> None:
         print(f"| raw procgen (hard, 2 threads) | {b} | {raw:,.0f} | 1.0 |", flush=True)
         if b <= 64:
             host = procgen_steps_per_second(b, max(args.twin_steps // b, 20), args.repeats, args.seed, True)
-            print(f"| procgen host env (common/fruitbot.py) | {b} | {host:,.0f} | {host / raw:.2f} |", flush=True)
+            print(f"| procgen host env (common/envs/fruitbot.py) | {b} | {host:,.0f} | {host / raw:.2f} |", flush=True)
         for config in ("paper", "stock-hard"):
             steps = min(max(args.env_steps // b, 100), 2000)
             sps = jax_steps_per_second(f"fruitbot-{config}", b, steps, args.repeats, args.seed)

@@ -4,7 +4,7 @@
 
 Prints, for N envs stepped together (medians of the repeats, ratios to the raw env from the same run):
   raw procgen        gym3 act + observe with random actions, nothing else;
-  Fruitbot env       common.fruitbot.Fruitbot: the same plus exact sparse cumulants, tasks and lifetimes;
+  Fruitbot env       common.envs.fruitbot.Fruitbot: the same plus exact sparse cumulants, tasks and lifetimes;
   io_callback        one jitted lax.scan over the steps: the network acts, the env steps through
                      jax.experimental.io_callback inside the same program (the BabyAI scripts' shape);
   host loop          a Python loop around a jitted act (Podracer's Sebulba shape): act, copy to host, step;
@@ -26,7 +26,7 @@ import tyro
 from jax.experimental import io_callback
 from procgen import ProcgenGym3Env
 
-from common.fruitbot import IMAGE_SHAPE, NUM_ACTIONS, TASK_DIM, Fruitbot
+from common.envs.fruitbot import IMAGE_SHAPE, NUM_ACTIONS, TASK_DIM, Fruitbot
 from common.networks import ImpalaTorso, linear
 
 

@@ -6,10 +6,10 @@ Prints, for N envs of the 4 rooms (5x5) stepped with random actions (medians of 
 row from the same run):
   NLE + pixel_crop    what the original did: MiniHack renders the 144x144 crop from tiles in Python, then
                       cv2.resize to 64x64 on the host;
-  NLE, tile crops     common.minihack.MiniHackRooms: NLE asked for glyphs_crop only, mapped to tile indices;
-  + render (jit)      the same, plus common.minihack.render drawing every env's 64x64 image in one jitted call
+  NLE, tile crops     common.envs.minihack.MiniHackRooms: NLE asked for glyphs_crop only, mapped to tile indices;
+  + render (jit)      the same, plus common.envs.minihack.render drawing every env's 64x64 image in one jitted call
                       (what the network does with each step's crops; bit-identical to the row above's images);
-  N worker processes  common.minihack.ParallelRooms: the tile-crop envs split among N processes stepping in
+  N worker processes  common.envs.minihack.ParallelRooms: the tile-crop envs split among N processes stepping in
                       parallel (the scripts' --env-workers; default N: this machine's cores);
   training loop       msfa_minihack.py's own jitted chunk: acting through io_callback, replay insertion and SGD
                       at the given replay ratio (paper network sizes).
@@ -29,7 +29,7 @@ import numpy as np
 import tyro
 
 from benchmarks.host_env import timed, train_loop_sps
-from common.minihack import (NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, MiniHackRooms, make_rooms, render, room_id,
+from common.envs.minihack import (NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, MiniHackRooms, make_rooms, render, room_id,
                              tile_set)
 
 TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])

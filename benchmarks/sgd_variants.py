@@ -205,7 +205,7 @@ def random_batch(script, args, env: str, key, batch: int | None = None):
             return jax.random.randint(key, (b, t, 5, 5, 3), 0, 7).astype(jnp.uint8)
         if env == "fruitbot":
             return jax.random.randint(key, (b, t, 64, 64, 3), 0, 256).astype(jnp.uint8)
-        from common.minihack import tile_set
+        from common.envs.minihack import tile_set
 
         return jax.random.randint(key, (b, t, 9, 9), 0, len(tile_set()[0])).astype(jnp.int16)
 
@@ -281,7 +281,7 @@ def run_sgd_row(row: Row, bench: Args) -> dict:
     probabilities = jax.random.uniform(jax.random.PRNGKey(7), (k, args.batch_size), minval=0.01, maxval=0.1)
     render = ()
     if "render" in inspect.signature(script.batch_loss).parameters:
-        from common.babyai import GotoAvoid
+        from common.envs.babyai import GotoAvoid
 
         render = (GotoAvoid().rgb_from_symbolic,)
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm),

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import tyro
 
-from common.babyai import CATEGORY_KINDS, TEST_TASKS, TRAIN_TASKS, EnvParams
+from common.envs.babyai import CATEGORY_KINDS, TEST_TASKS, TRAIN_TASKS, EnvParams
 from common.run import cumulant_quality, exit_on_config_error, format_task, require
 from results import contract
 from results.contract import play_names, require_names, run_label

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 import tyro
 
-from common import babyai
+from common.envs import babyai
 from common.run import EVAL_FIELDS, ConfigError, exit_on_config_error, format_task, load_script, require
 from results.compact import open_params
 from results.contract import EVALUATE, require_names

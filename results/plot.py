@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import tyro
 
-from common.babyai import bfs_oracle_returns, random_policy_returns
+from common.envs.babyai import bfs_oracle_returns, random_policy_returns
 from common.run import exit_on_config_error, format_task, require
 from results.compare import label, read_eval
 from results.summarize import env_tasks, pooled_return, run_env
@@ -167,7 +167,7 @@ def fruitbot_random_returns(run_dir: Path, train_tasks, test_tasks, episodes: in
     """Random play's lifetime return per train task and per test task in the run's game (the JAX game of its
     --distribution-mode: a procgen-backend run's stock mode is the same game): on fresh levels (as evaluation), or
     with training_levels on the run's training levels (as its actors play)."""
-    from common.fruitbot_jax import policy_returns
+    from common.envs.fruitbot_jax import policy_returns
 
     saved = json.loads((run_dir / "config.json").read_text())["args"]
     game = {"paper": "paper", "hard": "stock-hard", "easy": "stock-easy"}[saved.get("distribution_mode", "hard")]
@@ -180,7 +180,7 @@ def fruitbot_random_returns(run_dir: Path, train_tasks, test_tasks, episodes: in
 def minihack_random_success(run_dir: Path, train_tasks, test_tasks, episodes: int, training_levels: bool = False):
     """Random play's success rate per train room and per test room in the run's room size: on fresh levels (as
     evaluation), or with training_levels on the run's training levels (as its actors play)."""
-    from common.minihack import TRAIN_LEVELS, random_returns
+    from common.envs.minihack import TRAIN_LEVELS, random_returns
 
     saved = json.loads((run_dir / "config.json").read_text())["args"]
     size = saved["room_size"]

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import tyro
 
-from common import babyai
-from common.babyai import bfs_oracle_returns, random_policy_returns
+from common.envs import babyai
+from common.envs.babyai import bfs_oracle_returns, random_policy_returns
 from common.run import exit_on_config_error, format_task, require
 from results.contract import run_label
 
@@ -59,11 +59,11 @@ def env_tasks(run_dirs) -> tuple[np.ndarray, np.ndarray]:
 def tasks_of_env(env: str) -> tuple[np.ndarray, np.ndarray]:
     """(train tasks, test tasks) of an environment (imported only where asked: each needs its own packages)."""
     if env == "fruitbot":
-        from common import fruitbot
+        from common.envs import fruitbot
 
         return fruitbot.TRAIN_TASKS, fruitbot.TEST_TASKS
     if env == "minihack":
-        from common import minihack
+        from common.envs import minihack
 
         return minihack.TRAIN_TASKS, minihack.TEST_TASKS
     return babyai.TRAIN_TASKS, babyai.TEST_TASKS
@@ -141,7 +141,7 @@ def main(args: Args) -> None:
             oracle[format_task(w)], rand[format_task(w)] = f"{a:.2f} ± {b:.2f}", f"{c:.2f} ± {d:.2f}"
     env = run_env(Path(args.run_dir))
     references = (f"references over {args.episodes} episodes" if babyai_run else
-                  f"{env} has no oracle here: its random references are `python -m common."
+                  f"{env} has no oracle here: its random references are `python -m common.envs."
                   f"{'fruitbot_jax' if env == 'fruitbot' else env}`")
     config = Path(args.run_dir) / "config.json"
     name = run_label(json.loads(config.read_text()) if config.exists() else {}, Path(args.run_dir).name)

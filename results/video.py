@@ -149,8 +149,8 @@ def make_decide(script, setup, env: str, args, use_gpi: bool):
 
 def play_babyai(script, setup, args, params, w, use_gpi: bool, key, max_steps: int) -> Trace:
     """BabyAI: the evaluation's episode (make_evaluate's key layout: [GPI setting, task, episode])."""
-    from common.babyai import EnvParams
-    from common.minigrid_twin import GotoAvoidMiniGrid
+    from common.envs.babyai import EnvParams
+    from common.envs.minigrid_twin import GotoAvoidMiniGrid
 
     env = setup.env
     env_params = EnvParams(tasks=jnp.asarray(w)[None])
@@ -178,7 +178,7 @@ def play_babyai(script, setup, args, params, w, use_gpi: bool, key, max_steps: i
 
 def play_fruitbot_jax(script, setup, args, params, w, use_gpi: bool, key, max_steps: int) -> Trace:
     """Fruitbot's JAX game: one lifetime on the evaluation levels (make_jax_evaluate's keys, one env)."""
-    from common import fruitbot_jax
+    from common.envs import fruitbot_jax
 
     env = setup.env
     eval_params = env.make_params(np.asarray(w)[None], num_levels=args.eval_levels, seed=1)
@@ -208,7 +208,7 @@ def play_fruitbot_jax(script, setup, args, params, w, use_gpi: bool, key, max_st
 
 def play_host(script, setup, args, params, w, use_gpi: bool, key, max_steps: int, env_name: str) -> Trace:
     """MiniHack (NLE) and Fruitbot on procgen: the host env of the evaluation, one env, seeded as it seeds."""
-    from common import minihack
+    from common.envs import minihack
 
     seed = int(jax.random.randint(key, (), 0, 2**31 - 1))  # the evaluation's level seed
     make = script.make_env

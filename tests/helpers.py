@@ -18,8 +18,8 @@ import msfa_fruitbot
 import msfa_minihack
 import usfa
 import uvfa
-from common.babyai import GotoAvoid
-from common.minihack import render as render_minihack, tile_set
+from common.envs.babyai import GotoAvoid
+from common.envs.minihack import render as render_minihack, tile_set
 
 RUN = dict(num_envs=4, sequence_period=8, sequence_length=9, replay_size=64, min_replay_size=8, batch_size=4,
            samples_per_insert=2.0, target_update_period=3, eval_episodes=2)

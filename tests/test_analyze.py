@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.babyai import TEST_TASKS, TRAIN_TASKS
+from common.envs.babyai import TEST_TASKS, TRAIN_TASKS
 from helpers import VARIANTS
 
 ROOT = Path(__file__).resolve().parent.parent

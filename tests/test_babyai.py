@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common.babyai import (
+from common.envs.babyai import (
     DIR_TO_VEC,
     FORWARD,
     MAX_STEPS,
@@ -25,7 +25,7 @@ from common.babyai import (
     make_params,
     random_policy_returns,
 )
-from common.minigrid_twin import GotoAvoidMiniGrid
+from common.envs.minigrid_twin import GotoAvoidMiniGrid
 from common.run import ConfigError
 
 
@@ -172,7 +172,7 @@ def test_bad_input_is_refused_with_a_clear_message(make, message):
     "argv, message",
     [
         (["-m", "benchmarks.env_throughput", "--batch-sizes", "0"], "batch sizes must be positive"),
-        (["-m", "common.babyai", "--episodes", "1"], "num_episodes must be at least 2"),
+        (["-m", "common.envs.babyai", "--episodes", "1"], "num_episodes must be at least 2"),
     ],
 )
 def test_command_lines_stop_with_one_line(argv, message):

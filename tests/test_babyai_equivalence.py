@@ -9,15 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import common.babyai as babyai
-from common.babyai import (
+import common.envs.babyai as babyai
+from common.envs.babyai import (
     TEST_TASKS,
     TRAIN_TASKS,
     EnvState,
     GotoAvoid,
     make_params,
 )
-from common.minigrid_twin import GotoAvoidMiniGrid
+from common.envs.minigrid_twin import GotoAvoidMiniGrid
 
 MODES = ("rgb", "symbolic")
 

@@ -14,7 +14,7 @@ import pytest
 import msfa_babyai as msfa
 import usfa
 import uvfa
-from common.babyai import GotoAvoid
+from common.envs.babyai import GotoAvoid
 from common.networks import count_params
 from helpers import TINY_MSFA, TINY_USFA, TINY_UVFA, random_sequence
 

@@ -1,12 +1,12 @@
-"""Fruitbot (common/fruitbot.py): exact per-category cumulants, the 4-level lifetime, termination vs truncation."""
+"""Fruitbot (common/envs/fruitbot.py): exact per-category cumulants, the 4-level lifetime, termination vs truncation."""
 
 import struct
 
 import numpy as np
 import pytest
 
-from common import fruitbot
-from common.fruitbot import (CUR_TIME_FIELD, TEST_TASKS, TIMEOUT_FIELD, TRAIN_TASKS, Fruitbot, StateLayout,
+from common.envs import fruitbot
+from common.envs.fruitbot import (CUR_TIME_FIELD, TEST_TASKS, TIMEOUT_FIELD, TRAIN_TASKS, Fruitbot, StateLayout,
                              scripted_actions, type_counts)
 from common.run import ConfigError
 

@@ -11,7 +11,7 @@ import pytest
 
 import usfa
 import uvfa
-from common.fruitbot import TEST_TASKS, TRAIN_TASKS
+from common.envs.fruitbot import TEST_TASKS, TRAIN_TASKS
 from common.networks import count_params, oar_vector
 from helpers import assert_a_uvfa_training_iteration_traces, replayed_evaluation
 

@@ -1,4 +1,4 @@
-"""common/fruitbot_frame.py's frame against procgen's own observation of the same state.
+"""common/envs/fruitbot_frame.py's frame against procgen's own observation of the same state.
 
 Procgen Fruitbot envs (hard and easy) play random actions and a gap-seeking policy with 10% random actions (which
 reaches the ends of levels: presents, out-of-bounds rows above the level, locked doors and keys); at every other
@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common import fruitbot_frame as ff
-from common.fruitbot import ENTITY_FIELDS, WORLD_WIDTH, StateLayout, gap_seeking_action
+from common.envs import fruitbot_frame as ff
+from common.envs.fruitbot import ENTITY_FIELDS, WORLD_WIDTH, StateLayout, gap_seeking_action
 
 procgen = pytest.importorskip("procgen")
 

@@ -1,4 +1,4 @@
-"""common/fruitbot_jax.py against procgen's Fruitbot (stock-hard and stock-easy), and the paper configuration.
+"""common/envs/fruitbot_jax.py against procgen's Fruitbot (stock-hard and stock-easy), and the paper configuration.
 
 Dynamics: procgen states from random, gap-seeking and key-firing play (with the agent sometimes moved to a random
 spot and the level clock sometimes set near its limit, so that deaths, level ends, doors, keys in flight and
@@ -6,7 +6,7 @@ timeouts all occur) are loaded into the JAX game; both step with the same action
 entity by entity (position, velocity, extent, type, sprite; keys ordered by age), with the stock reward, the
 objects collected per type and the done / level-complete flags. On a step that ends a level procgen has already
 reset to the next one: there the step is replayed in a scratch procgen env from the state with barriers, doors and
-presents made inert (common.fruitbot.neutralised), which gives the agent's move and the objects collected (not the
+presents made inert (common.envs.fruitbot.neutralised), which gives the agent's move and the objects collected (not the
 keys: in the replay a barrier no longer stops one).
 """
 
@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common import fruitbot as fb
-from common import fruitbot_jax as fj
+from common.envs import fruitbot as fb
+from common.envs import fruitbot_jax as fj
 
 procgen = pytest.importorskip("procgen")
 
@@ -169,7 +169,7 @@ def test_dynamics_match_procgen(mode):
 
 
 def _mutant(old: str, new: str, monkeypatch) -> types.ModuleType:
-    """common.fruitbot_jax with one line of its source changed (a planted rule bug)."""
+    """common.envs.fruitbot_jax with one line of its source changed (a planted rule bug)."""
     source = inspect.getsource(fj)
     assert source.count(old) == 1, old
     module = types.ModuleType("fruitbot_jax_mutant")

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common.babyai import GotoAvoid
+from common.envs.babyai import GotoAvoid
 from common.run import cumulant_quality
 from helpers import SCRIPTS, VARIANTS, only_transitions, random_sequence
 
@@ -42,14 +42,14 @@ def imported_modules(path: Path) -> set[str]:
 def test_no_script_imports_another_and_common_imports_no_script():
     for name in SCRIPTS:
         assert not imported_modules(ROOT / f"{name}.py") & set(SCRIPTS), name
-    for path in (ROOT / "common").glob("*.py"):
+    for path in (ROOT / "common").rglob("*.py"):
         assert not imported_modules(path) & set(SCRIPTS), path.name
 
 
 def test_common_holds_no_rl_algorithm():
     algorithm = {"n_step_targets", "double_q_bootstrap", "sequence_priority", "sgd_step", "act_step",
                  "make_train_chunk", "batch_loss", "sequence_loss", "unroll", "make_evaluate"}
-    for path in (ROOT / "common").glob("*.py"):  # module-level names (the cores' own unroll is the network's)
+    for path in (ROOT / "common").rglob("*.py"):  # module-level names (the cores' own unroll is the network's)
         defined = {node.name for node in ast.parse(path.read_text()).body
                    if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
         assert not defined & algorithm, (path.name, defined & algorithm)

@@ -1,4 +1,4 @@
-"""MiniHack rooms (common/minihack.py): the paper's observation drawn from tile indices, the end of an episode
+"""MiniHack rooms (common/envs/minihack.py): the paper's observation drawn from tile indices, the end of an episode
 (success, death, time limit), levels, and bad input."""
 
 import cv2
@@ -9,7 +9,7 @@ import minihack  # noqa: F401  (registers the MiniHack-* gymnasium ids)
 import numpy as np
 import pytest
 
-from common.minihack import (CROP, NUM_ACTIONS, TEST_TASKS, TIME_LIMIT, TRAIN_TASKS, MiniHackRooms, ParallelRooms,
+from common.envs.minihack import (CROP, NUM_ACTIONS, TEST_TASKS, TIME_LIMIT, TRAIN_TASKS, MiniHackRooms, ParallelRooms,
                              make_rooms, render, tile_set)
 from common.run import ConfigError
 
@@ -213,7 +213,7 @@ def test_bad_actions_stop_with_one_line():
 def test_the_reference_table_plays_the_training_levels_when_asked_and_refuses_one_episode(capsys):
     """Random play's table on the small room's training levels: one row per room, with its success rate, s.e. and
     death rate, and the level set named; a refusal prints nothing before its one line."""
-    from common import minihack
+    from common.envs import minihack
 
     minihack._print_reference_table(episodes=4, seed=3, sizes=("5x5",), num_levels=None)
     lines = capsys.readouterr().out.splitlines()

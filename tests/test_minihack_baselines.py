@@ -11,7 +11,7 @@ import pytest
 
 import usfa
 import uvfa
-from common.minihack import TEST_TASKS, TRAIN_TASKS
+from common.envs.minihack import TEST_TASKS, TRAIN_TASKS
 from common.networks import count_params
 from helpers import replayed_evaluation, assert_a_uvfa_training_iteration_traces
 

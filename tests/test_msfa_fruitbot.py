@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import msfa_fruitbot as script
-from common.fruitbot import TEST_TASKS, TRAIN_TASKS
+from common.envs.fruitbot import TEST_TASKS, TRAIN_TASKS
 from common.networks import count_params, oar_vector
 from helpers import only_transitions, replayed_evaluation
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import msfa_minihack as script
-from common.minihack import TEST_TASKS, TRAIN_TASKS
+from common.envs.minihack import TEST_TASKS, TRAIN_TASKS
 from common.networks import count_params
 from helpers import check_video_is_the_evaluations, only_transitions, replayed_evaluation
 

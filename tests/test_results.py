@@ -13,11 +13,11 @@ from common.run import format_task
 def fake_run(tmp_path, name, method, steps, gpi_settings, value, env="babyai"):
     """A run directory with config.json and an eval.csv whose return is value + seed + gpi on every task of env."""
     if env == "fruitbot":
-        from common.fruitbot import TEST_TASKS, TRAIN_TASKS
+        from common.envs.fruitbot import TEST_TASKS, TRAIN_TASKS
     elif env == "minihack":
-        from common.minihack import TEST_TASKS, TRAIN_TASKS
+        from common.envs.minihack import TEST_TASKS, TRAIN_TASKS
     else:
-        from common.babyai import TEST_TASKS, TRAIN_TASKS
+        from common.envs.babyai import TEST_TASKS, TRAIN_TASKS
     d = tmp_path / name
     d.mkdir()
     # how msfa_fruitbot.py's and msfa_minihack.py's runs are told apart
@@ -108,7 +108,7 @@ def test_plot_draws_random_play_for_a_minihack_run_at_its_room_size(tmp_path, mo
     """MiniHack has no oracle: the figures get random play's success rate, measured in the run's room size."""
     import numpy as np
 
-    import common.minihack
+    import common.envs.minihack
     from results import plot
 
     calls = []
@@ -117,7 +117,7 @@ def test_plot_draws_random_play_for_a_minihack_run_at_its_room_size(tmp_path, mo
         calls.append((np.asarray(tasks).tolist(), num_episodes, size, num_levels))
         return np.array([0.7, 0.8, 0.9, 0.6]), None, None
 
-    monkeypatch.setattr(common.minihack, "random_returns", fake_random_returns)
+    monkeypatch.setattr(common.envs.minihack, "random_returns", fake_random_returns)
     run = fake_run(tmp_path, "mh", "MSFA", (10, 20), (0, 1), 1.0, env="minihack")
     plot.main(plot.Args(run_dirs=(run,), out=str(tmp_path / "figures"), reference_episodes=7))
     assert calls == [([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 1]], 7, "5x5", 0)]  # fresh levels, as evaluation
@@ -163,17 +163,17 @@ def test_plot_pools_the_actors_returns_per_window_hand_worked_and_draws_them_aga
     on the run's training levels as its reference."""
     import numpy as np
 
-    import common.minihack
+    import common.envs.minihack
     from results import plot
 
     run = tmp_path / "mh"
     fake_run(tmp_path, "mh", "MSFA", (10,), (0, 1), 1.0, env="minihack")
     rows = [(10, 1, 0.5, 2), (20, 1, 1.0, 3), (30, 1, "", 0), (40, 1, 0.0, 1)]
     write_metrics(run, rows)
-    steps, values = plot.actor_returns_per_window(run / "metrics.csv", common.minihack.TRAIN_TASKS, 2)[1]
+    steps, values = plot.actor_returns_per_window(run / "metrics.csv", common.envs.minihack.TRAIN_TASKS, 2)[1]
     assert steps.tolist() == [20, 40] and values[:, 0] == pytest.approx([0.8, 0.0]) and np.all(values[:, 1:] == 1)
     write_metrics(run, rows, counts=False)
-    _, values = plot.actor_returns_per_window(run / "metrics.csv", common.minihack.TRAIN_TASKS, 2)[1]
+    _, values = plot.actor_returns_per_window(run / "metrics.csv", common.envs.minihack.TRAIN_TASKS, 2)[1]
     assert values[:, 0] == pytest.approx([0.75, 0.0])
     calls = []
 
@@ -181,7 +181,7 @@ def test_plot_pools_the_actors_returns_per_window_hand_worked_and_draws_them_aga
         calls.append(num_levels)
         return np.array([0.7, 0.8, 0.9, 0.6]), None, None
 
-    monkeypatch.setattr(common.minihack, "random_returns", fake_random_returns)
+    monkeypatch.setattr(common.envs.minihack, "random_returns", fake_random_returns)
     plot.main(plot.Args(run_dirs=(str(run),), out=str(tmp_path / "figures"), reference_episodes=7, actor_window=2))
     assert calls == [0, 200]  # fresh levels for the evaluation figures, the 200 training levels for actors.png
     assert (tmp_path / "figures" / "actors.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -198,7 +198,7 @@ def test_fruitbot_references_are_random_play_in_the_runs_own_game(tmp_path):
     config = json.loads((run / "config.json").read_text())
     config["args"] |= {"distribution_mode": "paper", "train_levels": 4}
     (run / "config.json").write_text(json.dumps(config))
-    from common.fruitbot import TEST_TASKS, TRAIN_TASKS
+    from common.envs.fruitbot import TEST_TASKS, TRAIN_TASKS
 
     train, test = plot.fruitbot_random_returns(run, TRAIN_TASKS, TEST_TASKS, 2, training_levels=True)
     assert train.shape == (4,) and test.shape == (6,) and np.isfinite(np.concatenate([train, test])).all()

@@ -1,4 +1,4 @@
-"""Runs that never lose work (run plumbing in common/run.py, driven by each script's main): Ctrl-C and resume give
+"""Runs that never lose work (run plumbing in common/run/, driven by each script's main): Ctrl-C and resume give
 the uninterrupted run's results, a used run directory is refused, a moved run resumes from its saved settings, a
 finished run is left alone, bad input gets one line and exit status 2 before anything is written or compiled, and a
 NaN stops the run keeping the last good checkpoint."""
@@ -446,7 +446,8 @@ def test_a_config_written_with_the_retired_speed_settings_still_loads_without_th
     """Runs saved before --core-backend recorded --learner-unroll, --joint-target-unroll and --lstm-grad-after-loop
     (results/fruitbot/paper_cpu_msfa/ among the committed ones): they changed the speed, not the function, so
     `--resume` and the results tools take such a config with them dropped; any other unknown setting is refused."""
-    from common.run import ConfigError, _as_args
+    from common.run import ConfigError
+    from common.run.settings import _as_args
 
     saved = json.loads(json.dumps(msfa.Args(run_dir=str(tmp_path)).__dict__))
     old = saved | {"learner_unroll": 1, "joint_target_unroll": True, "lstm_grad_after_loop": False}

@@ -214,7 +214,7 @@ def test_fruitbots_seed_count_fits_the_device_memory():
 def test_a_fruitbot_seed_count_that_cannot_fit_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
     """On a (fake) device allowing 60 GiB, the scripts' own replay sizes at the paper's settings (33 GiB per seed of
     frames) leave room for one seed: --seeds 2 is refused with one line, before any folder is made."""
-    import common.fruitbot  # noqa: F401  (procgen imports gym, whose banner on stderr is not the line checked)
+    import common.envs.fruitbot  # noqa: F401  (procgen imports gym, whose banner on stderr is not the line checked)
 
     monkeypatch.setattr(protocol, "device_memory_limit", lambda: 60 * GIB)
     with pytest.raises(SystemExit) as exit_info:

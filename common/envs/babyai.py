@@ -7,7 +7,7 @@ The agent sees an egocentric 5x5 view with minigrid's occlusion, as RGB (40x40x3
 8 px) or as the symbolic 5x5x3 minigrid encoding. Every step also yields the task w and the cumulant phi
 (one-hot of the category picked up on that transition).
 
-`GotoAvoid` is a gymnax (>= 1.0) environment: jittable, vmappable, auto-resetting. `common.minigrid_twin` holds the
+`GotoAvoid` is a gymnax (>= 1.0) environment: jittable, vmappable, auto-resetting. `common.envs.minigrid_twin` holds the
 same game as a `minigrid.MiniGridEnv`; tests/test_babyai_equivalence.py shows the two agree step for step. minigrid
 (and the pygame it imports) is imported only where its tiles or the twin are used, so the scripts that import this
 module for other envs run without it.

@@ -1,8 +1,8 @@
-"""GotoAvoid as a minigrid environment: the reference common/babyai.py's JAX env is tested against
+"""GotoAvoid as a minigrid environment: the reference common/envs/babyai.py's JAX env is tested against
 (tests/test_babyai_equivalence.py) and timed against (benchmarks/env_throughput.py).
 
-Kept apart from common/babyai.py because importing minigrid imports pygame (12 MB): the training scripts import
-common.babyai for every env, and an install for Fruitbot or MiniHack alone then needs them only for BabyAI itself.
+Kept apart from common/envs/babyai.py because importing minigrid imports pygame (12 MB): the training scripts import
+common.envs.babyai for every env, and an install for Fruitbot or MiniHack alone then needs them only for BabyAI itself.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from minigrid.minigrid_env import MiniGridEnv
 
-from common.babyai import (CATEGORY_KINDS, DIR_TO_VEC, FORWARD, LEFT, MAX_STEPS, NUM_ACTIONS, NUM_CATEGORIES,
+from common.envs.babyai import (CATEGORY_KINDS, DIR_TO_VEC, FORWARD, LEFT, MAX_STEPS, NUM_ACTIONS, NUM_CATEGORIES,
                            OBJECTS_PER_CATEGORY, OBS_MODES, RESPAWN_MIN_DISTANCE, RIGHT, ROOM_SIZE, TRAIN_TASKS,
                            _minigrid_objects, make_params)
 from common.run import require

@@ -19,7 +19,7 @@ Configurations (`CONFIGS`): `stock-hard` and `stock-easy` are procgen's Fruitbot
 code's per-task games: easy mode, levels 90 tall, each task its own object lists and counts (a train task shows
 its category and one distractor category, only 2 of each category's 3 sprites ever appear), no completion bonus.
 
-The environment (`FruitbotJax`, gymnax >= 1.0 API like `common.babyai.GotoAvoid`): an episode ("lifetime") is up to
+The environment (`FruitbotJax`, gymnax >= 1.0 API like `common.envs.babyai.GotoAvoid`): an episode ("lifetime") is up to
 4 levels of one task w; the reward is w . phi, phi the objects of each category collected on the step
 (C1 fruit 1-3, C2 fruit 4-6, C3 food 1-3, C4 food 4-6). Completing a level continues the episode (discount 1),
 completing the 4th or dying ends it (termination), the level timeout truncates it. Same-step auto-reset: the
@@ -46,7 +46,7 @@ import numpy as np
 from flax import struct as flax_struct
 from gymnax.environments import environment, spaces
 
-from common import fruitbot_frame as frame
+from common.envs import fruitbot_frame as frame
 from common.run import require
 
 NUM_ACTIONS = 15
@@ -174,7 +174,7 @@ class Game(NamedTuple):
     rx: jax.Array  # float32 [N] half extents
     ry: jax.Array
     kind: jax.Array  # int32 [N] procgen entity type
-    sprite: jax.Array  # int32 [N] common.fruitbot_frame sprite id
+    sprite: jax.Array  # int32 [N] common.envs.fruitbot_frame sprite id
     alive: jax.Array  # bool [N]
     life: jax.Array  # int32 [N] steps lived (keys expire after 8)
     cur_time: jax.Array  # int32: steps into the level
@@ -456,7 +456,7 @@ def generate_level(key, config: GameConfig, games: TaskGames, task) -> Game:
 def game_from_procgen(state: bytes, config: GameConfig) -> Game:
     """A procgen Fruitbot state (ProcgenGym3Env's get_state) as a Game: the same entities in the same slots.
     Classification uses image_type (procgen's type at creation), so states with neutralised types load too."""
-    from common.fruitbot import CUR_TIME_FIELD, StateLayout
+    from common.envs.fruitbot import CUR_TIME_FIELD, StateLayout
 
     lay = layout(config)
     states = StateLayout(state)
@@ -650,7 +650,7 @@ LEFT, STRAIGHT, RIGHT, FIRE = 0, 3, 6, 9  # actions 0-8 steer by (a // 3) - 1; 9
 
 def gap_seeking_action(game: Game, config: GameConfig) -> jax.Array:
     """Steer towards the gap of the next barrier row ahead; where a locked door closes it, line up under its lock
-    and fire (common.fruitbot.gap_seeking_action's rule, on the JAX state). Task-agnostic."""
+    and fire (common.envs.fruitbot.gap_seeking_action's rule, on the JAX state). Task-agnostic."""
     lay = layout(config)
     rows = lay.walls + 4 * jnp.arange(config.num_walls)
     ax, ay = game.x[0], game.y[0]

@@ -278,7 +278,7 @@ class ParallelRooms:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
         self.procs = []
         for part in self.slices:
-            proc = subprocess.Popen([sys.executable, "-c", "from common.minihack import _serve_rooms; _serve_rooms()"],
+            proc = subprocess.Popen([sys.executable, "-c", "from common.envs.minihack import _serve_rooms; _serve_rooms()"],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=root)
             pickle.dump(dict(kwargs, num_envs=part.stop - part.start, tasks=self.tasks, first_env=part.start,
                              task_of_env=None if task_of_env is None else np.asarray(task_of_env)[part]),

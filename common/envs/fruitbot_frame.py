@@ -1,7 +1,7 @@
 """Fruitbot's 64x64 frame, drawn inside the jitted program from procgen's own images.
 
 The sprites and backgrounds are read at start-up from the installed procgen package's data folder (never copied into
-this repository). Sprite ids below index `SPRITE_FILES`; `common.fruitbot_jax` stores one sprite id per entity.
+this repository). Sprite ids below index `SPRITE_FILES`; `common.envs.fruitbot_jax` stores one sprite id per entity.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ view the ending step led to). The task is drawn uniformly from `tasks` at every 
 and no -4 food penalty (the original's patched games did the same).
 
 This is the scripts' `--env-backend procgen`: stock procgen, hard (the default here) or easy mode. The scripts'
-default is the JAX game (common/fruitbot_jax.py), which also plays the original's per-task games (easy mode, levels
+default is the JAX game (common/envs/fruitbot_jax.py), which also plays the original's per-task games (easy mode, levels
 10 wide and 90 tall, per-task object lists: docs/fruitbot.md) that stock procgen cannot; the tests prove the JAX
 game's stock modes against this procgen state by state.
 """

@@ -1,0 +1,232 @@
+"""What a run records as it goes: metrics.csv and eval.csv (with TensorBoard and wandb), the progress lines on the
+terminal, and the learned cumulants' quality."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from common.run.errors import SaveFailed, StopRun, require
+
+if TYPE_CHECKING:
+    from common.run.run_dir import RunDir
+
+
+EVAL_FIELDS = ["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"]
+"""the columns of eval.csv (a contract: results/ and other tools read them)"""
+
+
+def format_task(w) -> str:
+    """A task vector as written in eval.csv's task column and the tables: comma-separated, shortest exact form
+    (e.g. -1,1,-1,0.5). One definition for every env, so results/ matches rows across envs and runs."""
+    return ",".join(f"{float(x):g}" for x in np.asarray(w))
+
+
+def peak_rss_gb() -> float:
+    """Peak resident memory of this process (replay included), in GB."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # Linux reports KiB
+
+
+class CsvLog:
+    """Append rows to a CSV file, writing the header once. A file that exists keeps its header: a run resumed by a
+    newer version of its script goes on without the columns that version added."""
+
+    def __init__(self, path: Path, fields: list[str]):
+        self.path, self.fields = path, fields
+        if path.exists() and path.stat().st_size:
+            with path.open(newline="") as f:
+                self.fields = next(csv.reader(f))
+            require(self.fields[:1] == fields[:1],
+                    f"{path} does not start with a header line ({','.join(fields[:3])},...): another process wrote "
+                    "to it; move the run directory away or start a new one")
+        else:
+            with path.open("w", newline="") as f:
+                csv.writer(f).writerow(fields)
+
+    def write(self, rows: list[dict]):
+        try:
+            with self.path.open("a", newline="") as f:
+                csv.DictWriter(f, self.fields, extrasaction="ignore").writerows(rows)
+        except OSError as error:
+            raise SaveFailed(f"could not append to {self.path}: {error.strerror or error}; the rows up to the last "
+                             "checkpoint are kept (a resume logs the rest again)") from None
+
+
+def drop_rows_after(path: Path, step: int) -> None:
+    """Keep the CSV rows with step <= `step` (a run stopped after its last checkpoint logged rows that resuming
+    redoes)."""
+    if not path.exists():
+        return
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    kept = [rows[0]] + [r for r in rows[1:] if int(r[0]) <= step]
+    if len(kept) < len(rows):
+        with path.open("w", newline="") as f:
+            csv.writer(f).writerows(kept)
+
+
+def _quiet_writer_threads() -> None:
+    """TensorBoard writes its event file from a thread; on a full disk that thread would print a traceback of its
+    own beside the run's one line. Its OSErrors are dropped (the next checkpoint or CSV write reports the disk);
+    every other thread error is shown as before."""
+    import threading
+
+    if getattr(threading.excepthook, "quiet_os_errors", False):
+        return
+    previous = threading.excepthook
+
+    def hook(args):
+        if not issubclass(args.exc_type, OSError):
+            previous(args)
+
+    hook.quiet_os_errors = True
+    threading.excepthook = hook
+
+
+class RunLogs:
+    """metrics.csv, eval.csv and TensorBoard (and wandb with --track), per seed."""
+
+    def __init__(self, run: RunDir, metric_fields: list[str]):
+        from tensorboardX import SummaryWriter
+
+        self.metrics = CsvLog(run.path / "metrics.csv", metric_fields)
+        self.evals = CsvLog(run.path / "eval.csv", EVAL_FIELDS)
+        self.writer = SummaryWriter(str(run.path))
+        _quiet_writer_threads()
+        args = run.args
+        if args.track:
+            import wandb
+
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args),
+                       name=run.path.name, dir=str(run.path), sync_tensorboard=True, resume="allow")
+
+    def write_metrics(self, rows: list[dict]) -> None:
+        """One row per seed: to metrics.csv, and every filled-in number to TensorBoard as seed<N>/<name>."""
+        self.metrics.write(rows)
+        for row in rows:
+            for k, v in row.items():
+                if k not in ("step", "seed") and v != "":
+                    self.writer.add_scalar(f"seed{row['seed']}/{k}", v, row["step"])
+
+    def write_eval(self, rows: list[dict]) -> None:
+        """eval.csv rows, and their mean returns to TensorBoard as seed<N>/eval_<split>_gpi<g>/<task>."""
+        for r in rows:
+            self.writer.add_scalar(f"seed{r['seed']}/eval_{r['split']}_gpi{r['gpi']}/{r['task']}", r["return_mean"],
+                                   r["step"])
+        self.evals.write(rows)
+
+    def close(self) -> None:
+        try:
+            self.writer.close()
+        except OSError:  # a full disk: the one line comes from the write that failed first
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+CUMULANT_SUMS = ("count", "phi", "phi_sq", "env", "env_sq", "phi_env", "pickups", "error_pickup", "error_other")
+"""The sums over transitions [9, C] (this order) that a script with learned cumulants reports per SGD step as
+"cumulant_stats" (its function `cumulant_stats`, which results/analyze.py also calls on greedy episodes): per
+category k, the count of transitions, sum phi^k, sum (phi^k)^2, sum phi_env^k, sum (phi_env^k)^2,
+sum phi^k phi_env^k, the number of pickups of category k (phi_env^k != 0), and sum |phi^k - phi_env^k| over the
+pickup and the other transitions. Sums, not means, so that SGD steps and chunks pool exactly."""
+
+
+def cumulant_quality(sums) -> dict[str, np.ndarray]:
+    """How well learned cumulants track the env's pickups, per category k, from CUMULANT_SUMS [9, C]: "corr" (the
+    Pearson correlation of phi^k with phi_env^k), "error_pickup" and "error_other" (mean |phi^k - phi_env^k| on
+    the transitions that picked up category k and on the rest). NaN where undefined (no pickups, or no variance).
+    Not yet learned: corr near 0; learned the wrong thing: corr high but errors large (an offset or a scale)."""
+    n, sx, sxx, sy, syy, sxy, picks, err_pick, err_other = np.asarray(sums, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cov = n * sxy - sx * sy
+        var = (n * sxx - sx**2) * (n * syy - sy**2)
+        corr = np.where(var > 0, cov / np.sqrt(np.maximum(var, 1e-300)), np.nan)
+        return {"corr": corr, "error_pickup": np.where(picks > 0, err_pick / picks, np.nan),
+                "error_other": np.where(n - picks > 0, err_other / (n - picks), np.nan)}
+
+
+def cumulant_columns(num_categories: int) -> list[str]:
+    """metrics.csv's cumulant-quality columns (category k = 1..C)."""
+    return [f"phi_{name}_{k + 1}" for name in ("corr", "error_pickup", "error_other") for k in range(num_categories)]
+
+
+def metric_fields(loss_names: tuple[str, ...], train_tasks: list[str], num_cumulants: int = 0) -> list[str]:
+    """The columns of metrics.csv: step, seed, sps, ..., the losses, the quality of learned cumulants (methods that
+    learn them: num_cumulants > 0), the mean length of the training episodes, the training return per train task,
+    and how many training episodes of each task ended in the row's stretch (so that a window's mean return can be
+    pooled over episodes and given a standard error)."""
+    return (["step", "seed", "sps", "sgd_steps", "epsilon", *loss_names, "rss_gb", *cumulant_columns(num_cumulants),
+             "episode_length"] + [f"return_train_{w}" for w in train_tasks]
+            + [f"episodes_train_{w}" for w in train_tasks])
+
+
+def metric_rows(metrics: dict, sgd_steps, seeds: list[int], step: int, sps: float, loss_names: tuple[str, ...],
+                train_tasks: list[str]) -> list[dict]:
+    """metrics.csv rows of every seed from a chunk's metrics [seeds, iterations, ...]: losses average the
+    iterations that learned ("learning" > 0), training returns the episodes that ended in the chunk ("return_sum",
+    "return_count" per train task), and episode_length their mean length in env steps ("length_sum": in Fruitbot a
+    lifetime's, so it shows survival before returns move); "" where there were none."""
+    rows = []
+    for i, seed in enumerate(seeds):
+        m = {k: v[i] for k, v in metrics.items()}
+        learning = m["learning"] > 0
+        row = {"step": step, "seed": seed, "sps": round(sps, 1), "sgd_steps": int(sgd_steps[i]),
+               "epsilon": float(m["epsilon"].mean()), "rss_gb": round(peak_rss_gb(), 2)}
+        for k in loss_names:
+            row[k] = float(m[k][learning].mean()) if learning.any() else ""
+        if "cumulant_stats" in m:  # pooled over the chunk's SGD steps (learned cumulants' replayed transitions)
+            quality = cumulant_quality(np.asarray(m["cumulant_stats"])[learning].sum(0))
+            for name, values in quality.items():
+                for k, v in enumerate(values):
+                    row[f"phi_{name}_{k + 1}"] = "" if np.isnan(v) else round(float(v), 5)
+        counts, sums = m["return_count"].sum(0), m["return_sum"].sum(0)
+        row["episode_length"] = float(m["length_sum"].sum() / counts.sum()) if counts.sum() else ""
+        for t, w in enumerate(train_tasks):
+            row[f"return_train_{w}"] = float(sums[t] / counts[t]) if counts[t] else ""
+            row[f"episodes_train_{w}"] = int(counts[t])
+        rows.append(row)
+    return rows
+
+
+def progress_line(rows: list[dict], total_steps: int, eta_seconds: float) -> str:
+    """The progress line of a chunk's metrics rows (one per seed): steps, SPS, ETA, mean train return, mean episode
+    length and loss."""
+    returns = [v for r in rows for k, v in r.items() if k.startswith("return_train") and v != ""]
+    lengths = [r["episode_length"] for r in rows if r["episode_length"] != ""]
+    loss = [r["loss"] for r in rows if r["loss"] != ""]
+    return (f"step {rows[0]['step']:,}/{total_steps:,} | {rows[0]['sps']:,.0f} SPS | ETA {eta_seconds / 60:.1f} min | "
+            f"train return {f'{np.mean(returns):.2f}' if returns else '-'} | "
+            f"episode length {f'{np.mean(lengths):.0f}' if lengths else '-'} | "
+            f"loss {f'{np.mean(loss):.4f}' if loss else '-'} | sgd steps {rows[0]['sgd_steps']:,} | "
+            f"RSS {peak_rss_gb():.1f} GB")
+
+
+def eval_line(rows: list[dict]) -> str:
+    """One line for an evaluation's eval.csv rows: mean train return (no GPI), mean test return (GPI if there)."""
+    gpi = max(r["gpi"] for r in rows)
+    train = [r["return_mean"] for r in rows if r["split"] == "train" and r["gpi"] == 0]
+    test = [r["return_mean"] for r in rows if r["split"] == "test" and r["gpi"] == gpi]
+    return (f"eval @ {rows[0]['step']:,}: train return {np.mean(train):.2f}, test return "
+            f"({'GPI' if gpi else 'no GPI'}) {np.mean(test):.2f}")
+
+
+def require_finite(rows: list[dict], names: tuple[str, ...], run: RunDir) -> None:
+    """Stop (keeping the last good checkpoint) if a loss of a metrics row is NaN or infinite."""
+    for row in rows:
+        for k in names:
+            if row[k] != "" and not math.isfinite(row[k]):
+                raise StopRun(f"step {row['step']:,}: {k} became {row[k]} (seed {row['seed']}); stopped without "
+                              f"saving; {run.checkpoint} keeps the last good state")

@@ -1,0 +1,69 @@
+"""A run's settings: parsing the script's Args, config.json, and which settings a resumed run may change."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import tyro
+
+from common.run.errors import exit_on_config_error, require
+
+
+SAFE_TO_CHANGE = ("total_timesteps", "eval_every", "log_every", "track", "checkpoint_minutes", "checkpoint",
+                  "max_minutes", "wandb_project_name", "wandb_entity", "core_backend")
+"""settings a resumed run may change: they decide how long it runs, what it records or how FARM's recurrence is
+computed (the same function; pallas-bf16 close to it), not what it learns"""
+
+
+def safe_to_change(args) -> tuple[str, ...]:
+    """SAFE_TO_CHANGE and the script's own such settings: its Args' class attribute ALSO_SAFE_TO_CHANGE (e.g. how
+    many processes step a host env: the same episodes either way)."""
+    return SAFE_TO_CHANGE + tuple(getattr(type(args), "ALSO_SAFE_TO_CHANGE", ()))
+
+
+NOT_SETTINGS = ("run_dir", "resume", "overwrite")
+"""arguments that say where and how to start, not what the run is"""
+
+
+def default_run_dir(args) -> Path:
+    return Path(args.run_dir or f"runs/{args.exp_name}__{args.seed}")
+
+
+RETIRED_SETTINGS = ("learner_unroll", "joint_target_unroll", "lstm_grad_after_loop")
+"""speed-only settings that scripts no longer have (superseded by --core-backend): a saved run's values for them
+changed how fast it ran, not what it computed, so loading its config.json drops them"""
+
+
+def _as_args(cls, saved: dict):
+    """The dataclass `cls` from a config.json "args" dict (JSON lists back to tuples; RETIRED_SETTINGS dropped)."""
+    saved = {k: v for k, v in saved.items() if k not in RETIRED_SETTINGS}
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(saved) - fields)
+    require(not unknown, f"config.json has settings this script does not know: {unknown}; it belongs to another "
+                         "script or version")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        config = json.loads(path.read_text())
+        return config if isinstance(config, dict) and isinstance(config.get("args"), dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+@exit_on_config_error
+def parse_args(cls, argv: list[str] | None = None):
+    """The command line as `cls` (tyro). With --resume, every setting not on the command line comes from the run's
+    saved config.json, so `python script.py --resume --run-dir D` is enough."""
+    args = tyro.cli(cls, args=argv)
+    if not args.resume:
+        return args
+    run_dir = default_run_dir(args)
+    config = _read_config(run_dir / "config.json")
+    if config is None:  # RunDir explains what is missing
+        return args
+    saved = dataclasses.replace(_as_args(cls, config["args"]), run_dir=str(run_dir), resume=True)
+    return tyro.cli(cls, args=argv, default=saved)
