@@ -25,7 +25,6 @@ per-category cumulants from its state), FARM, GPI, network layers and the run di
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
@@ -44,9 +43,8 @@ from common.envs import fruitbot_jax
 from common.envs.fruitbot import IMAGE_SHAPE, MAX_LEVELS, NUM_ACTIONS, TEST_TASKS, TRAIN_LEVELS, TRAIN_TASKS, Fruitbot
 from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector
-from common.run import (CUMULANT_SUMS, RunDir, StopSignals, eval_line, exit_on_config_error, format_task,
-                        parse_args, metric_fields, metric_rows, progress_line, require, require_finite,
-                        require_fraction, require_non_negative, require_positive)
+from common.run import (CUMULANT_SUMS, RunDir, eval_rows, exit_on_config_error, format_task, parse_args, require,
+                        require_fraction, require_non_negative, require_positive, train_in_chunks, whole_iterations)
 
 
 # =====================================================================================================================
@@ -843,20 +841,6 @@ def make_jax_evaluate(setup: Setup, args: Args, tasks: np.ndarray, policies, gpi
     return evaluate
 
 
-def eval_rows(evaluate, params, seeds: list[int], step: int) -> list[dict]:
-    """eval.csv rows of every seed: mean and std of the greedy return per task and GPI setting."""
-    eval_key = jax.random.PRNGKey(10_000 + step)  # results/evaluate.py --seed 10000+step replays it
-    rows = []
-    for i, seed in enumerate(seeds):
-        returns = evaluate(jax.tree.map(lambda x: x[i], params), jax.random.fold_in(eval_key, seed))
-        for g_index, g in enumerate(GPI_SETTINGS):
-            for t, w in enumerate(EVAL_TASKS):
-                r = returns[g_index, t]
-                rows.append({"step": step, "seed": seed, "split": "train" if t < len(TRAIN_TASKS) else "test",
-                             "task": format_task(w), "gpi": g, "episodes": len(r), "return_mean": float(r.mean()),
-                             "return_std": float(r.std())})
-    return rows
-
 
 # =====================================================================================================================
 # Main: build, (resume,) then alternate jitted training chunks with logging, evaluation and checkpoints
@@ -866,8 +850,7 @@ def main(args: Args) -> None:
     check_args(args)
     check_memory(args)
     per_iteration = steps_per_iteration(args)
-    total_iterations = -(-args.total_timesteps // per_iteration)  # at least --total-timesteps
-    total_steps = total_iterations * per_iteration
+    total_steps = whole_iterations(args, per_iteration)[0] * per_iteration  # at least --total-timesteps
     run = RunDir(args, method_name(args), total_steps)  # refuses a used, missing or unwritable directory
     seeds = [args.seed + i for i in range(args.num_seeds)]
     setup = make_setup(args, seeds)
@@ -890,53 +873,12 @@ def main(args: Args) -> None:
             state = state._replace(actors=actors)
     run.write_config({"method": method_name(args), "num_params": num_params,
                       "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
-    chunk_iterations = max(1, args.log_every // per_iteration)
-    eval_every_iterations = -(-args.eval_every // per_iteration)  # evaluations at whole iterations, never fewer
-    train_chunks = {}  # iterations -> jitted chunk: the log interval, and shorter ones to stop at evaluations and the end
     evaluate = make_evaluate(setup, args)
-    print(f"{args.num_seeds} seed(s) x {args.num_envs} envs, {sgd_steps_per_iteration(args)} SGD steps per "
-          f"{per_iteration} env steps; logging every {chunk_iterations * per_iteration:,} steps; run dir {run.path}")
-    rounded = [f"--{name} {asked:,} -> {whole * per_iteration:,}" for name, asked, whole in (
-        ("total-timesteps", args.total_timesteps, total_iterations), ("eval-every", args.eval_every,
-                                                                      eval_every_iterations))
-        if asked != whole * per_iteration]
-    if rounded:
-        print(f"rounded up to whole iterations of {per_iteration} env steps: {'; '.join(rounded)}", flush=True)
-
-    iteration = run.start_step // per_iteration
-    next_eval = (iteration // eval_every_iterations + 1) * eval_every_iterations
-    start_time, start_iteration = time.time(), iteration
-    fields = metric_fields(LOSS_NAMES, TRAIN_TASK_NAMES, TRAIN_TASKS.shape[1])
-    with StopSignals() as signals, run.open_logs(fields) as logs:
-        while iteration < total_iterations:
-            chunk_start = time.time()
-            n = min(chunk_iterations, total_iterations - iteration, next_eval - iteration)
-            if n not in train_chunks:
-                train_chunks[n] = make_train_chunk(setup, args, n)
-            state, metrics = train_chunks[n](state)
-            metrics = jax.tree.map(np.asarray, metrics)  # [seeds, iterations]: the one host sync per chunk
-            iteration += n
-            step = iteration * per_iteration
-            sps = n * per_iteration / (time.time() - chunk_start)
-            rows = metric_rows(metrics, state.sgd_steps, seeds, step, sps, LOSS_NAMES, TRAIN_TASK_NAMES)
-            logs.write_metrics(rows)
-            require_finite(rows, LOSS_NAMES, run)  # stops on NaN/inf, keeping the last good checkpoint
-            eta = (time.time() - start_time) / (iteration - start_iteration) * (total_iterations - iteration)
-            print(progress_line(rows, total_steps, eta), flush=True)
-            last = iteration >= total_iterations or run.out_of_time()
-            if iteration >= next_eval or last:
-                rows = eval_rows(evaluate, state.params, seeds, step)
-                logs.write_eval(rows)
-                print(eval_line(rows), flush=True)
-                next_eval += eval_every_iterations
-                run.save_params(state.params, step, seeds)
-                run.save(state, step, seeds)
-            elif run.checkpoint_due():
-                run.save(state, step, seeds)
-            signals.stop_if_asked(run, state, step, seeds)  # Ctrl-C / SIGTERM: checkpoint, then one line and exit
-            if last and iteration < total_iterations:
-                print(f"stopped by --max-minutes at step {step:,} of {total_steps:,}", flush=True)
-                break
+    train_in_chunks(run, args, state, seeds, per_iteration, sgd_steps_per_iteration(args),
+                    make_chunk=lambda n: make_train_chunk(setup, args, n),
+                    evaluate_rows=lambda params, step: eval_rows(evaluate, params, seeds, step, EVAL_TASKS,
+                                                                 len(TRAIN_TASKS), GPI_SETTINGS),
+                    loss_names=LOSS_NAMES, task_names=TRAIN_TASK_NAMES, num_cumulants=TRAIN_TASKS.shape[1])
 
 
 if __name__ == "__main__":

@@ -1,1 +1,2 @@
-"""The environments: BabyAI (JAX) and its minigrid twin, Fruitbot (JAX: rules and frames; stock procgen as a host env), MiniHack (NLE as a host env)."""
+"""The environments: BabyAI in JAX and its minigrid twin; Fruitbot in JAX (rules, frames) and stock procgen as a
+host env; MiniHack (NLE) as a host env."""

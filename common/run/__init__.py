@@ -6,7 +6,8 @@ package writes down what they measure and keeps what they need to resume. One mo
 - checkpoint.py: atomic checkpoints (a failed write keeps the previous file) and reading them back;
 - scripts.py: the script that trained a run, so that the results tools rebuild its agents with it;
 - logs.py: metrics.csv, eval.csv, TensorBoard and wandb, the progress lines, learned cumulants' quality;
-- run_dir.py: the run directory (new, --resume, --overwrite), seeds over devices, Ctrl-C / SIGTERM.
+- run_dir.py: the run directory (new, --resume, --overwrite), seeds over devices, Ctrl-C / SIGTERM;
+- loop.py: a script's main loop: its jitted training chunks between logging, evaluation and checkpoints.
 
 A run never loses more than a few minutes of work and never mixes with another run:
 - checkpoints are written at every evaluation, every --checkpoint-minutes of wall time and on Ctrl-C / SIGTERM,
@@ -25,12 +26,13 @@ from common.run.errors import (
     require_fraction, exit_on_config_error
 )  # noqa: F401
 from common.run.settings import (
-    SAFE_TO_CHANGE, safe_to_change, NOT_SETTINGS, default_run_dir, RETIRED_SETTINGS, parse_args
+    SAFE_TO_CHANGE, safe_to_change, NOT_SETTINGS, default_run_dir, RETIRED_SETTINGS, parse_args, RunArgs, check_run_args
 )  # noqa: F401
 from common.run.checkpoint import save_checkpoint, read_checkpoint_header, load_checkpoint  # noqa: F401
 from common.run.scripts import ROOT, script_of, load_script  # noqa: F401
 from common.run.logs import (
     EVAL_FIELDS, format_task, peak_rss_gb, CsvLog, drop_rows_after, RunLogs, CUMULANT_SUMS, cumulant_quality,
-    cumulant_columns, metric_fields, metric_rows, progress_line, eval_line, require_finite
+    cumulant_columns, metric_fields, metric_rows, progress_line, eval_line, require_finite, eval_rows
 )  # noqa: F401
 from common.run.run_dir import RUN_FILES, RunDir, VERSIONED, versions, shard_seeds, StopSignals  # noqa: F401
+from common.run.loop import whole_iterations, train_in_chunks  # noqa: F401

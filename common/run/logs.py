@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import jax
 import numpy as np
 
 from common.run.errors import SaveFailed, StopRun, require
@@ -230,3 +231,20 @@ def require_finite(rows: list[dict], names: tuple[str, ...], run: RunDir) -> Non
             if row[k] != "" and not math.isfinite(row[k]):
                 raise StopRun(f"step {row['step']:,}: {k} became {row[k]} (seed {row['seed']}); stopped without "
                               f"saving; {run.checkpoint} keeps the last good state")
+
+
+def eval_rows(evaluate, params, seeds: list[int], step: int, tasks, num_train: int, gpi_settings) -> list[dict]:
+    """eval.csv rows of every seed: mean and std of the greedy return per task and GPI setting. evaluate(params of
+    one seed, key) -> returns [gpi settings, tasks, episodes]; seed s at step S plays with key
+    fold_in(PRNGKey(10000 + S), s), which `results.evaluate --seed 10000+S` replays."""
+    eval_key = jax.random.PRNGKey(10_000 + step)
+    rows = []
+    for i, seed in enumerate(seeds):
+        returns = np.asarray(evaluate(jax.tree.map(lambda x: x[i], params), jax.random.fold_in(eval_key, seed)))
+        for g_index, g in enumerate(gpi_settings):
+            for t, w in enumerate(tasks):
+                r = returns[g_index, t]
+                rows.append({"step": step, "seed": seed, "split": "train" if t < num_train else "test",
+                             "task": format_task(w), "gpi": g, "episodes": len(r), "return_mean": float(r.mean()),
+                             "return_std": float(r.std())})
+    return rows

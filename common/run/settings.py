@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import tyro
 
-from common.run.errors import exit_on_config_error, require
+from common.run.errors import exit_on_config_error, require, require_positive
 
 
 SAFE_TO_CHANGE = ("total_timesteps", "eval_every", "log_every", "track", "checkpoint_minutes", "checkpoint",
@@ -67,3 +68,36 @@ def parse_args(cls, argv: list[str] | None = None):
         return args
     saved = dataclasses.replace(_as_args(cls, config["args"]), run_dir=str(run_dir), resume=True)
     return tyro.cli(cls, args=argv, default=saved)
+
+
+@dataclass
+class RunArgs:
+    """The run controls every training script shares (where a run goes, logging services, resuming, checkpoints,
+    a time budget). A script's Args inherits them, so they come first in its --help and in config.json; each script
+    keeps its own seeds, budget, evaluation and logging intervals, whose defaults differ."""
+
+    run_dir: str | None = None
+    """where config.json, metrics.csv, eval.csv, checkpoint.eqx and TensorBoard files go (default runs/<name>)"""
+    track: bool = False
+    """log to Weights & Biases"""
+    wandb_project_name: str = "msfa-jax"
+    """Weights & Biases project (with --track)"""
+    wandb_entity: str | None = None
+    """Weights & Biases entity (with --track)"""
+    resume: bool = False
+    """continue the run in --run-dir from its checkpoint, with its saved settings"""
+    overwrite: bool = False
+    """start anew in a --run-dir that holds a run, moving the old one aside to <run-dir>.replaced-<time>"""
+    checkpoint_minutes: float = 10.0
+    """minutes of wall time between checkpoints (also written at every evaluation and on Ctrl-C)"""
+    checkpoint: bool = True
+    """write checkpoint.eqx (replay included: the size the run prints at start) so that the run can be resumed;
+    --no-checkpoint writes only the small per-seed parameter files"""
+    max_minutes: float | None = None
+    """stop after this many minutes of wall time (compilation included), evaluating and saving first"""
+
+
+def check_run_args(args: RunArgs) -> None:
+    """Refuse run controls that cannot work, with one line saying what to change."""
+    require_positive(args, "checkpoint_minutes")
+    require(args.max_minutes is None or args.max_minutes > 0, f"--max-minutes must be positive, got {args.max_minutes}")
