@@ -35,16 +35,16 @@ from common.envs.babyai import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, EnvParams, 
 from common.farm import BACKENDS, FarmCore, default_backend
 from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector
-from common.run import (CUMULANT_SUMS, RunDir, eval_rows, exit_on_config_error, format_task, parse_args, require,
-                        require_fraction, require_non_negative, require_positive, shard_seeds, train_in_chunks,
-                        whole_iterations)
+from common.run import (CUMULANT_SUMS, RunArgs, RunDir, check_replay_args, check_run_args, eval_rows,
+                        exit_on_config_error, format_task, parse_args, require, require_non_negative, require_positive,
+                        shard_seeds, train_in_chunks, whole_iterations)
 
 
 # =====================================================================================================================
 # Arguments: defaults are the paper's BabyAI settings (docs/protocol.md)
 # =====================================================================================================================
 @dataclass
-class Args:
+class Args(RunArgs):
     # --- The algorithm: network, losses, sequences and targets, replay, optimiser, acting (defaults: the paper's) ---
     num_modules: int = 4
     """FARM modules; each owns an equal slice of the task vector"""
@@ -117,7 +117,7 @@ class Args:
     """the original's time limit: an episode's last transition is learned as a terminal one (no bootstrap) instead
     of being masked; its learned cumulant then needs the final view, which replay stores"""
 
-    # --- Run controls: seeds, budget, logging, evaluation, checkpoints, and options that change speed only ---
+    # --- Run controls: seeds, budget, evaluation, logging, speed-only options (the rest: common.run.RunArgs) ---
     exp_name: str = os.path.splitext(os.path.basename(__file__))[0]
     """name of the experiment (prefix of the default run directory): the script's file name, so a copy names its own"""
     seed: int = 1
@@ -126,31 +126,12 @@ class Args:
     """independent runs trained side by side in one program (vmapped)"""
     total_timesteps: int = 5_000_000
     """env steps per seed (rounded up to whole iterations of num_envs x sequence_period)"""
-    run_dir: str | None = None
-    """where config.json, metrics.csv, eval.csv, checkpoint.eqx and TensorBoard files go (default runs/<name>)"""
     eval_episodes: int = 20
     """greedy episodes per task and per GPI setting at each evaluation"""
     eval_every: int = 250_000
     """env steps (per seed) between evaluations; one more runs at the end"""
     log_every: int = 2_560
     """env steps (per seed) between progress lines and metrics rows"""
-    track: bool = False
-    """log to Weights & Biases"""
-    wandb_project_name: str = "msfa-jax"
-    """Weights & Biases project (with --track)"""
-    wandb_entity: str | None = None
-    """Weights & Biases entity (with --track)"""
-    resume: bool = False
-    """continue the run in --run-dir from its checkpoint, with its saved settings"""
-    overwrite: bool = False
-    """start anew in a --run-dir that holds a run, moving the old one aside to <run-dir>.replaced-<time>"""
-    checkpoint_minutes: float = 10.0
-    """minutes of wall time between checkpoints (also written at every evaluation and on Ctrl-C)"""
-    checkpoint: bool = True
-    """write checkpoint.eqx (replay included: ~1 GB per seed at the paper's size) so that the run can be resumed;
-    --no-checkpoint writes only the small per-seed parameter files"""
-    max_minutes: float | None = None
-    """stop after this many minutes of wall time (compilation included), evaluating and saving first"""
     core_backend: str | None = None
     """speed only: how FARM's recurrence is computed: xla (common/farm.py's step in a lax.scan), pallas (the same
     function as fused GPU kernels, common/farm_pallas.py), pallas-bf16 (those with the LSTMs' weight in bfloat16:
@@ -159,33 +140,20 @@ class Args:
 
 def check_args(args: Args) -> None:
     """Refuse settings that cannot work, with one line saying what to change."""
+    check_run_args(args)
     require_positive(args, "num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every",
                      "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
                      "num_modules", "attention_heads", "projection_dim", "learning_rate", "adam_eps", "max_grad_norm",
-                     "checkpoint_minutes", "epsilon_base", "samples_per_insert")
+                     "epsilon_base", "samples_per_insert")
     require(args.core_backend in (None, *BACKENDS),
             f"--core-backend must be one of {', '.join(BACKENDS)}, got {args.core_backend}")
-    require(args.max_minutes is None or args.max_minutes > 0, f"--max-minutes must be positive, got {args.max_minutes}")
     require_non_negative(args, "q_coeff", "sf_coeff", "phi_coeff", "seed", "importance_exponent")
     require(all(x > 0 for x in args.psi_hidden + args.phi_hidden), "--psi-hidden and --phi-hidden sizes must be "
                                                                    "positive")
     require(args.module_size is None or args.module_size > 0, f"--module-size must be positive, got {args.module_size}")
     require(TRAIN_TASKS.shape[1] % args.num_modules == 0,
             f"--num-modules must divide the task dimension {TRAIN_TASKS.shape[1]}, got {args.num_modules}")
-    require(args.sequence_length == args.sequence_period + 1,
-            f"--sequence-length must be --sequence-period + 1 (sequences share one step), got "
-            f"{args.sequence_length} and {args.sequence_period}")
-    require(0 < args.gamma <= 1, f"--gamma must be in (0, 1], got {args.gamma}")
-    require_fraction(args, "priority_exponent", "max_priority_weight")
-    require(args.min_replay_size >= args.batch_size,
-            f"--min-replay-size must be at least --batch-size ({args.batch_size}), got {args.min_replay_size}")
-    require(args.replay_size >= args.min_replay_size,
-            f"--replay-size must be at least --min-replay-size, got {args.replay_size} < {args.min_replay_size}")
-    require(args.replay_size >= args.num_envs, f"--replay-size must hold one insert of --num-envs ({args.num_envs}) "
-                                               f"sequences, got {args.replay_size}")
-    require(args.total_timesteps >= steps_per_iteration(args),
-            f"--total-timesteps must cover at least one iteration ({steps_per_iteration(args)} env steps = "
-            f"--num-envs x --sequence-period), got {args.total_timesteps}")
+    check_replay_args(args)
 
 
 def module_size(args: Args) -> int:

@@ -11,11 +11,12 @@ training program, evaluation, and main. Fruitbot runs in JAX by default (common/
 rules, proven against procgen state by state, and the original's per-task games, --distribution-mode paper), so
 acting, replay insertion, sampling and SGD run as one jitted program per chunk, as in msfa_babyai.py. With
 --env-backend procgen the stock procgen game (C++, hard or easy) is stepped from inside the jitted chunk through
-`jax.experimental.io_callback` instead (benchmarks/host_env.py). What differs from BabyAI besides sizes: an episode is a lifetime of up to 4 levels; hitting a
-barrier ends it as a termination (learned as a terminal transition, no bootstrap), the per-level timeout is a
-truncation (masked); the Impala torso; importance weights (exponent 0.6); GPI support from a flag. common/ holds
-what is not the algorithm: the environment (common/envs/fruitbot_jax.py; common/envs/fruitbot.py for procgen, exact
-per-category cumulants from its state), FARM, GPI, network layers and the run directory.
+`jax.experimental.io_callback` instead (benchmarks/host_env.py). What differs from BabyAI besides sizes: an episode
+is a lifetime of up to 4 levels; hitting a barrier ends it as a termination (learned as a terminal transition, no
+bootstrap), the per-level timeout is a truncation (masked); the Impala torso; importance weights (exponent 0.6); GPI
+support from a flag. common/ holds what is not the algorithm: the environment (common/envs/fruitbot_jax.py;
+common/envs/fruitbot.py for procgen, exact per-category cumulants from its state), FARM, GPI, network layers and the
+run directory.
 
     python msfa_fruitbot.py --seed 3                 # the paper's Fruitbot settings (replay 70k sequences: ~35 GB)
     python msfa_fruitbot.py --replay-size 10000 --min-replay-size 1000   # fits a 24 GB machine
@@ -41,17 +42,19 @@ from jax.experimental import io_callback
 from common.farm import BACKENDS, FarmCore, default_backend
 from common.envs import fruitbot_jax
 from common.envs.fruitbot import IMAGE_SHAPE, MAX_LEVELS, NUM_ACTIONS, TEST_TASKS, TRAIN_LEVELS, TRAIN_TASKS, Fruitbot
+from common.envs.host import play_first_episodes
 from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector
-from common.run import (CUMULANT_SUMS, RunDir, eval_rows, exit_on_config_error, format_task, parse_args, require,
-                        require_fraction, require_non_negative, require_positive, train_in_chunks, whole_iterations)
+from common.run import (CUMULANT_SUMS, RunArgs, RunDir, check_replay_args, check_replay_memory, check_run_args,
+                        eval_rows, exit_on_config_error, format_task, parse_args, require, require_non_negative,
+                        require_positive, train_in_chunks, whole_iterations)
 
 
 # =====================================================================================================================
 # Arguments: defaults are the paper's Fruitbot settings (docs/protocol.md)
 # =====================================================================================================================
 @dataclass
-class Args:
+class Args(RunArgs):
     # --- The algorithm: network, losses, sequences and targets, replay, optimiser, acting (defaults: the paper's) ---
     num_modules: int = 4
     """FARM modules; each owns an equal slice of the task vector"""
@@ -141,7 +144,7 @@ class Args:
     """the policies z that GPI maximises over at evaluation: "train" (the 4 train tasks, the paper's method) or
     "test" (the 6 test tasks: what the original code's Fruitbot evaluator did)"""
 
-    # --- Run controls: seeds, budget, logging, evaluation, checkpoints, and options that change speed only ---
+    # --- Run controls: seeds, budget, evaluation, logging, speed-only options (the rest: common.run.RunArgs) ---
     exp_name: str = os.path.splitext(os.path.basename(__file__))[0]
     """name of the experiment (prefix of the default run directory): the script's file name, so a copy names its own"""
     seed: int = 1
@@ -151,8 +154,6 @@ class Args:
     envs on the host)"""
     total_timesteps: int = 10_000_000
     """env steps per seed (rounded up to whole iterations of num_envs x sequence_period)"""
-    run_dir: str | None = None
-    """where config.json, metrics.csv, eval.csv, checkpoint.eqx and TensorBoard files go (default runs/<name>)"""
     eval_episodes: int = 10
     """greedy episodes (lifetimes: on --eval-levels levels with JAX, unrestricted levels with procgen) per task and
     per GPI setting at each evaluation"""
@@ -160,23 +161,6 @@ class Args:
     """env steps (per seed) between evaluations; one more runs at the end"""
     log_every: int = 2_560
     """env steps (per seed) between progress lines and metrics rows"""
-    track: bool = False
-    """log to Weights & Biases"""
-    wandb_project_name: str = "msfa-jax"
-    """Weights & Biases project (with --track)"""
-    wandb_entity: str | None = None
-    """Weights & Biases entity (with --track)"""
-    resume: bool = False
-    """continue the run in --run-dir from its checkpoint, with its saved settings"""
-    overwrite: bool = False
-    """start anew in a --run-dir that holds a run, moving the old one aside to <run-dir>.replaced-<time>"""
-    checkpoint_minutes: float = 10.0
-    """minutes of wall time between checkpoints (also written at every evaluation and on Ctrl-C)"""
-    checkpoint: bool = True
-    """write checkpoint.eqx (replay included: ~1 GB per seed at the paper's size) so that the run can be resumed;
-    --no-checkpoint writes only the small per-seed parameter files"""
-    max_minutes: float | None = None
-    """stop after this many minutes of wall time (compilation included), evaluating and saving first"""
     core_backend: str | None = None
     """speed only: how FARM's recurrence is computed: xla (common/farm.py's step in a lax.scan), pallas (the same
     function as fused GPU kernels, common/farm_pallas.py), pallas-bf16 (those with the LSTMs' weight in bfloat16:
@@ -185,13 +169,13 @@ class Args:
 
 def check_args(args: Args) -> None:
     """Refuse settings that cannot work, with one line saying what to change."""
+    check_run_args(args)
     require_positive(args, "num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every",
                      "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
                      "num_modules", "attention_heads", "projection_dim", "learning_rate", "adam_eps", "max_grad_norm",
-                     "checkpoint_minutes", "epsilon_base", "samples_per_insert")
+                     "epsilon_base", "samples_per_insert")
     require(args.core_backend in (None, *BACKENDS),
             f"--core-backend must be one of {', '.join(BACKENDS)}, got {args.core_backend}")
-    require(args.max_minutes is None or args.max_minutes > 0, f"--max-minutes must be positive, got {args.max_minutes}")
     require_non_negative(args, "q_coeff", "sf_coeff", "phi_coeff", "seed", "importance_exponent")
     require(all(x > 0 for x in args.psi_hidden + args.phi_hidden), "--psi-hidden and --phi-hidden sizes must be "
                                                                    "positive")
@@ -209,20 +193,7 @@ def check_args(args: Args) -> None:
             f"--gpi-support must be one of {', '.join(GPI_SUPPORTS)}, got {args.gpi_support!r}")
     require(TRAIN_TASKS.shape[1] % args.num_modules == 0,
             f"--num-modules must divide the task dimension {TRAIN_TASKS.shape[1]}, got {args.num_modules}")
-    require(args.sequence_length == args.sequence_period + 1,
-            f"--sequence-length must be --sequence-period + 1 (sequences share one step), got "
-            f"{args.sequence_length} and {args.sequence_period}")
-    require(0 < args.gamma <= 1, f"--gamma must be in (0, 1], got {args.gamma}")
-    require_fraction(args, "priority_exponent", "max_priority_weight")
-    require(args.min_replay_size >= args.batch_size,
-            f"--min-replay-size must be at least --batch-size ({args.batch_size}), got {args.min_replay_size}")
-    require(args.replay_size >= args.min_replay_size,
-            f"--replay-size must be at least --min-replay-size, got {args.replay_size} < {args.min_replay_size}")
-    require(args.replay_size >= args.num_envs, f"--replay-size must hold one insert of --num-envs ({args.num_envs}) "
-                                               f"sequences, got {args.replay_size}")
-    require(args.total_timesteps >= steps_per_iteration(args),
-            f"--total-timesteps must cover at least one iteration ({steps_per_iteration(args)} env steps = "
-            f"--num-envs x --sequence-period), got {args.total_timesteps}")
+    check_replay_args(args)
 
 
 def replay_bytes(args: Args) -> int:
@@ -230,16 +201,6 @@ def replay_bytes(args: Args) -> int:
     per_step = int(np.prod(IMAGE_SHAPE)) + 4 * (2 * TRAIN_TASKS.shape[1] + 4) + 2
     return args.replay_size * args.sequence_length * per_step
 
-
-def check_memory(args: Args) -> None:
-    """Refuse a replay that cannot fit this machine's memory (CPU) before allocating it."""
-    if jax.default_backend() != "cpu":
-        return
-    need = replay_bytes(args) * args.num_seeds
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    require(need < 0.8 * have, f"replay of {args.replay_size:,} sequences x {args.num_seeds} seed(s) needs "
-                               f"{need / 2**30:.1f} GiB, more than this machine's {have / 2**30:.1f} GiB allow: lower "
-                               f"--replay-size (and --min-replay-size)")
 
 
 GPI_SUPPORTS = ("train", "test")
@@ -679,8 +640,8 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     finished = {"done": done, "return": episode_return, "task": jnp.argmax(actors.w, -1),
                 "length": episode_length}
     actors = actors._replace(
-        env_state=env_state, image=image, w=w, prev_action=jnp.where(done, 0, action), prev_reward=jnp.where(done, 0.0, reward),
-        first=done, rnn=rnn, epsilon=jnp.where(done, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),
+        env_state=env_state, image=image, w=w, prev_action=jnp.where(done, 0, action),
+        prev_reward=jnp.where(done, 0.0, reward), first=done, rnn=rnn, epsilon=jnp.where(done, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),
         episode_return=jnp.where(done, 0.0, episode_return),
         episode_length=jnp.where(done, 0, episode_length))
     return actors, (step, finished)
@@ -776,26 +737,12 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS, gpi_settings=GPI_S
 
     def evaluate(params, key):
         seed = int(jax.random.randint(key, (), 0, 2**31 - 1))  # the host envs' level seed
-        n = len(tasks) * args.eval_episodes
+        task_of_env = np.repeat(np.arange(len(tasks)), args.eval_episodes)
         initial = eqx.combine(params, setup.static).core.initial_state()
-        out = []
-        for g in gpi_settings:
-            env = make_env(args, n, seed, tasks, num_levels=0,
-                           task_of_env=np.repeat(np.arange(len(tasks)), args.eval_episodes))
-            obs = env.reset()
-            rnn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), initial)
-            prev_action, prev_reward, first = np.zeros(n, np.int32), np.zeros(n, np.float32), np.ones(n, bool)
-            returns, running = np.zeros(n, np.float32), np.ones(n, bool)
-            while running.any():
-                action, rnn = act(params, obs["image"], obs["w"], prev_action, prev_reward, first, rnn, use_gpi=g == 1)
-                obs, reward, terminated, truncated, _ = env.step(np.asarray(action))
-                returns += np.where(running, reward, 0.0)
-                done = terminated | truncated
-                running &= ~done
-                prev_action, prev_reward, first = np.where(done, 0, action), np.where(done, 0.0, reward), done
-            env.close()  # the evaluation's own envs (one per task and episode) are not kept
-            out.append(returns.reshape(len(tasks), args.eval_episodes))
-        return np.stack(out)
+        return np.stack([play_first_episodes(  # each setting on its own envs (one per task and episode)
+            make_env(args, len(task_of_env), seed, tasks, num_levels=0, task_of_env=task_of_env),
+            partial(act, params, use_gpi=g == 1), "image", initial).reshape(len(tasks), args.eval_episodes)
+            for g in gpi_settings])
 
     return evaluate
 
@@ -848,7 +795,7 @@ def make_jax_evaluate(setup: Setup, args: Args, tasks: np.ndarray, policies, gpi
 @exit_on_config_error
 def main(args: Args) -> None:
     check_args(args)
-    check_memory(args)
+    check_replay_memory(args, replay_bytes(args))
     per_iteration = steps_per_iteration(args)
     total_steps = whole_iterations(args, per_iteration)[0] * per_iteration  # at least --total-timesteps
     run = RunDir(args, method_name(args), total_steps)  # refuses a used, missing or unwritable directory

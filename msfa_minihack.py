@@ -45,17 +45,19 @@ from jax.experimental import io_callback
 from common.farm import BACKENDS, FarmCore, default_backend
 from common.envs.minihack import (CROP, NUM_ACTIONS, ROOM_SIZES, TEST_TASKS, TRAIN_LEVELS, TRAIN_TASKS,
                              make_rooms, render, tile_set)
+from common.envs.host import play_first_episodes
 from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector
-from common.run import (RunDir, eval_rows, exit_on_config_error, format_task, parse_args, require, require_fraction,
-                        require_non_negative, require_positive, train_in_chunks, whole_iterations)
+from common.run import (RunArgs, RunDir, check_replay_args, check_run_args, eval_rows, exit_on_config_error,
+                        format_task, parse_args, require, require_non_negative, require_positive, train_in_chunks,
+                        whole_iterations)
 
 
 # =====================================================================================================================
 # Arguments: defaults are the paper's MiniHack settings (docs/protocol.md)
 # =====================================================================================================================
 @dataclass
-class Args:
+class Args(RunArgs):
     # --- The algorithm: network, losses, sequences and targets, replay, optimiser, acting (defaults: the paper's) ---
     num_modules: int = 3
     """FARM modules; each owns an equal slice of the task vector"""
@@ -147,7 +149,7 @@ class Args:
     """the policies z that GPI maximises over at evaluation: "train" (the 3 train rooms, the paper's method) or
     "test" ([1,1,1] only: what the original code's MiniHack evaluator did)"""
 
-    # --- Run controls: seeds, budget, logging, evaluation, checkpoints, and options that change speed only ---
+    # --- Run controls: seeds, budget, evaluation, logging, speed-only options (the rest: common.run.RunArgs) ---
     exp_name: str = os.path.splitext(os.path.basename(__file__))[0]
     """name of the experiment (prefix of the default run directory): the script's file name, so a copy names its own"""
     seed: int = 1
@@ -157,8 +159,6 @@ class Args:
     total_timesteps: int | None = None
     """env steps per seed (rounded up to whole iterations of num_envs x sequence_period); default: the paper's 3M
     for the small room, 5M for the large one"""
-    run_dir: str | None = None
-    """where config.json, metrics.csv, eval.csv, checkpoint.eqx and TensorBoard files go (default runs/<name>)"""
     eval_episodes: int = 20
     """greedy episodes (on fresh levels) per task and per GPI setting at each evaluation; the return of an episode
     is 1 if it reached the stairs, else 0, so eval.csv's return_mean is the success rate"""
@@ -166,23 +166,6 @@ class Args:
     """env steps (per seed) between evaluations; one more runs at the end"""
     log_every: int = 2_560
     """env steps (per seed) between progress lines and metrics rows"""
-    track: bool = False
-    """log to Weights & Biases"""
-    wandb_project_name: str = "msfa-jax"
-    """Weights & Biases project (with --track)"""
-    wandb_entity: str | None = None
-    """Weights & Biases entity (with --track)"""
-    resume: bool = False
-    """continue the run in --run-dir from its checkpoint, with its saved settings"""
-    overwrite: bool = False
-    """start anew in a --run-dir that holds a run, moving the old one aside to <run-dir>.replaced-<time>"""
-    checkpoint_minutes: float = 10.0
-    """minutes of wall time between checkpoints (also written at every evaluation and on Ctrl-C)"""
-    checkpoint: bool = True
-    """write checkpoint.eqx (replay included: ~1 GB per seed at the paper's size) so that the run can be resumed;
-    --no-checkpoint writes only the small per-seed parameter files"""
-    max_minutes: float | None = None
-    """stop after this many minutes of wall time (compilation included), evaluating and saving first"""
     env_workers: int = 1
     """processes stepping each seed's envs in parallel (1: in this process; on a machine with many cores, more: the
     same episodes, faster, as the seeds' envs otherwise step on one core)"""
@@ -200,15 +183,15 @@ PAPER_BATCH = {"5x5": 8, "15x15": 16}  # the original's dataset batch (32; MSFA 
 
 def check_args(args: Args) -> None:
     """Refuse settings that cannot work, with one line saying what to change."""
+    check_run_args(args)
     require(args.room_size in ROOM_SIZES,
             f"--room-size must be one of {', '.join(ROOM_SIZES)}, got {args.room_size!r}")
     require_positive(args, "num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every",
                      "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
                      "num_modules", "attention_heads", "projection_dim", "learning_rate", "adam_eps", "max_grad_norm",
-                     "checkpoint_minutes", "epsilon_base", "samples_per_insert", "env_workers")
+                     "epsilon_base", "samples_per_insert", "env_workers")
     require(args.core_backend in (None, *BACKENDS),
             f"--core-backend must be one of {', '.join(BACKENDS)}, got {args.core_backend}")
-    require(args.max_minutes is None or args.max_minutes > 0, f"--max-minutes must be positive, got {args.max_minutes}")
     require_non_negative(args, "q_coeff", "sf_coeff", "phi_coeff", "seed", "importance_exponent")
     require(all(x > 0 for x in args.psi_hidden + args.phi_hidden), "--psi-hidden and --phi-hidden sizes must be "
                                                                    "positive")
@@ -218,20 +201,7 @@ def check_args(args: Args) -> None:
             f"--gpi-support must be one of {', '.join(GPI_SUPPORTS)}, got {args.gpi_support!r}")
     require(TRAIN_TASKS.shape[1] % args.num_modules == 0,
             f"--num-modules must divide the task dimension {TRAIN_TASKS.shape[1]}, got {args.num_modules}")
-    require(args.sequence_length == args.sequence_period + 1,
-            f"--sequence-length must be --sequence-period + 1 (sequences share one step), got "
-            f"{args.sequence_length} and {args.sequence_period}")
-    require(0 < args.gamma <= 1, f"--gamma must be in (0, 1], got {args.gamma}")
-    require_fraction(args, "priority_exponent", "max_priority_weight")
-    require(args.min_replay_size >= args.batch_size,
-            f"--min-replay-size must be at least --batch-size ({args.batch_size}), got {args.min_replay_size}")
-    require(args.replay_size >= args.min_replay_size,
-            f"--replay-size must be at least --min-replay-size, got {args.replay_size} < {args.min_replay_size}")
-    require(args.replay_size >= args.num_envs, f"--replay-size must hold one insert of --num-envs ({args.num_envs}) "
-                                               f"sequences, got {args.replay_size}")
-    require(args.total_timesteps >= steps_per_iteration(args),
-            f"--total-timesteps must cover at least one iteration ({steps_per_iteration(args)} env steps = "
-            f"--num-envs x --sequence-period), got {args.total_timesteps}")
+    check_replay_args(args)
 
 
 def replay_bytes(args: Args) -> int:
@@ -757,26 +727,12 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS, gpi_settings=GPI_S
 
     def evaluate(params, key):
         seed = int(jax.random.randint(key, (), 0, 2**31 - 1))  # the host envs' level seed
-        n = len(tasks) * args.eval_episodes
+        task_of_env = np.repeat(np.arange(len(tasks)), args.eval_episodes)
         initial = eqx.combine(params, setup.static).core.initial_state()
-        out = []
-        for g in gpi_settings:
-            env = make_env(args, n, seed, tasks, num_levels=0,
-                           task_of_env=np.repeat(np.arange(len(tasks)), args.eval_episodes))
-            obs = env.reset()
-            rnn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), initial)
-            prev_action, prev_reward, first = np.zeros(n, np.int32), np.zeros(n, np.float32), np.ones(n, bool)
-            returns, running = np.zeros(n, np.float32), np.ones(n, bool)
-            while running.any():
-                action, rnn = act(params, obs["tiles"], obs["w"], prev_action, prev_reward, first, rnn, use_gpi=g == 1)
-                obs, reward, terminated, truncated, _ = env.step(np.asarray(action))
-                returns += np.where(running, reward, 0.0)
-                done = terminated | truncated
-                running &= ~done
-                prev_action, prev_reward, first = np.where(done, 0, action), np.where(done, 0.0, reward), done
-            env.close()  # the evaluation's own envs (one per task and episode) are not kept
-            out.append(returns.reshape(len(tasks), args.eval_episodes))
-        return np.stack(out)
+        return np.stack([play_first_episodes(  # each setting on its own envs (one per task and episode)
+            make_env(args, len(task_of_env), seed, tasks, num_levels=0, task_of_env=task_of_env),
+            partial(act, params, use_gpi=g == 1), "tiles", initial).reshape(len(tasks), args.eval_episodes)
+            for g in gpi_settings])
 
     return evaluate
 

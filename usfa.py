@@ -45,18 +45,19 @@ from jax.experimental import io_callback
 
 from common.envs import babyai, fruitbot, fruitbot_jax, minihack
 from common.envs.babyai import EnvParams, GotoAvoid, Observation, make_params
+from common.envs.host import play_first_episodes
 from common.gpi import gpi_values
 from common.networks import MLP, LSTMCore, count_params, oar_vector
-from common.run import (CUMULANT_SUMS, RunDir, eval_rows, exit_on_config_error, format_task, parse_args, require,
-                        require_fraction, require_non_negative, require_positive, shard_seeds, train_in_chunks,
-                        whole_iterations)
+from common.run import (CUMULANT_SUMS, RunArgs, RunDir, check_replay_args, check_replay_memory, check_run_args,
+                        eval_rows, exit_on_config_error, format_task, parse_args, require, require_non_negative,
+                        require_positive, shard_seeds, train_in_chunks, whole_iterations)
 
 
 # =====================================================================================================================
 # Arguments: defaults are the paper's settings for --env (docs/protocol.md)
 # =====================================================================================================================
 @dataclass
-class Args:
+class Args(RunArgs):
     # --- The algorithm: network, losses, sequences and targets, replay, optimiser, acting (defaults: the paper's) ---
     learned_cumulants: bool = False
     """learn phi = MLP([h_{t+1}; h_t]) with MSFA's three losses instead of using the env's cumulants"""
@@ -160,7 +161,7 @@ class Args:
     """the policies GPI maximises over at evaluation: "train" (the train tasks) or, on Fruitbot and MiniHack, "test"
     (the test tasks: the original code's evaluators)"""
 
-    # --- Run controls: seeds, budget, logging, evaluation, checkpoints, and options that change speed only ---
+    # --- Run controls: seeds, budget, evaluation, logging, speed-only options (the rest: common.run.RunArgs) ---
     exp_name: str = os.path.splitext(os.path.basename(__file__))[0]
     """name of the experiment (prefix of the default run directory): the script's file name, so a copy names its own"""
     seed: int = 1
@@ -170,8 +171,6 @@ class Args:
     total_timesteps: int | None = None
     """env steps per seed (rounded up to whole iterations of num_envs x sequence_period; default: the paper's, 5M on
     BabyAI, 10M on Fruitbot, 3M / 5M in MiniHack's small / large rooms)"""
-    run_dir: str | None = None
-    """where config.json, metrics.csv, eval.csv, checkpoint.eqx and TensorBoard files go (default runs/<name>)"""
     eval_episodes: int | None = None
     """greedy episodes per task and per GPI setting at each evaluation (default: 20 on BabyAI and MiniHack, 10 on
     Fruitbot)"""
@@ -180,23 +179,6 @@ class Args:
     on Fruitbot)"""
     log_every: int = 2_560
     """env steps (per seed) between progress lines and metrics rows"""
-    track: bool = False
-    """log to Weights & Biases"""
-    wandb_project_name: str = "msfa-jax"
-    """Weights & Biases project (with --track)"""
-    wandb_entity: str | None = None
-    """Weights & Biases entity (with --track)"""
-    resume: bool = False
-    """continue the run in --run-dir from its checkpoint, with its saved settings"""
-    overwrite: bool = False
-    """start anew in a --run-dir that holds a run, moving the old one aside to <run-dir>.replaced-<time>"""
-    checkpoint_minutes: float = 10.0
-    """minutes of wall time between checkpoints (also written at every evaluation and on Ctrl-C)"""
-    checkpoint: bool = True
-    """write checkpoint.eqx (replay included: ~1 GB per seed at the paper's size) so that the run can be resumed;
-    --no-checkpoint writes only the small per-seed parameter files"""
-    max_minutes: float | None = None
-    """stop after this many minutes of wall time (compilation included), evaluating and saving first"""
     env_workers: int = 1
     """MiniHack: processes stepping each seed's envs in parallel (1: in this process; more on a machine with many
     cores: the same episodes, faster)"""
@@ -235,6 +217,7 @@ def on_host(args: Args) -> bool:
 
 def check_args(args: Args) -> None:
     """Refuse settings that cannot work, with one line saying what to change."""
+    check_run_args(args)
     require(args.env in ENVS, f"--env must be one of {', '.join(ENVS)}, got {args.env!r}")
     require(args.env != "minihack" or args.room_size in minihack.ROOM_SIZES,
             f"--room-size must be one of {', '.join(minihack.ROOM_SIZES)}, got {args.room_size!r}")
@@ -263,28 +246,14 @@ def check_args(args: Args) -> None:
                                                                   "evaluator; BabyAI's GPI is over the train tasks")
     require_positive(args, "num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every",
                      "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
-                     "lstm_size", "learning_rate", "adam_eps", "max_grad_norm", "checkpoint_minutes", "epsilon_base",
+                     "lstm_size", "learning_rate", "adam_eps", "max_grad_norm", "epsilon_base",
                      "samples_per_insert")
-    require(args.max_minutes is None or args.max_minutes > 0, f"--max-minutes must be positive, got {args.max_minutes}")
     require_non_negative(args, "q_coeff", "sf_coeff", "phi_coeff", "seed", "importance_exponent")
     require(all(x > 0 for x in args.psi_hidden + args.phi_hidden), "--psi-hidden and --phi-hidden sizes must be "
                                                                    "positive")
     require(args.learned_cumulants or not args.priority_from_q, "--priority-from-q needs --learned-cumulants (USFA "
                                                                 "with the env's cumulants learns no Q TD error)")
-    require(args.sequence_length == args.sequence_period + 1,
-            f"--sequence-length must be --sequence-period + 1 (sequences share one step), got "
-            f"{args.sequence_length} and {args.sequence_period}")
-    require(0 < args.gamma <= 1, f"--gamma must be in (0, 1], got {args.gamma}")
-    require_fraction(args, "priority_exponent", "max_priority_weight")
-    require(args.min_replay_size >= args.batch_size,
-            f"--min-replay-size must be at least --batch-size ({args.batch_size}), got {args.min_replay_size}")
-    require(args.replay_size >= args.min_replay_size,
-            f"--replay-size must be at least --min-replay-size, got {args.replay_size} < {args.min_replay_size}")
-    require(args.replay_size >= args.num_envs, f"--replay-size must hold one insert of --num-envs ({args.num_envs}) "
-                                               f"sequences, got {args.replay_size}")
-    require(args.total_timesteps >= steps_per_iteration(args),
-            f"--total-timesteps must cover at least one iteration ({steps_per_iteration(args)} env steps = "
-            f"--num-envs x --sequence-period), got {args.total_timesteps}")
+    check_replay_args(args)
 
 
 def method_name(args: Args) -> str:
@@ -301,16 +270,6 @@ def replay_bytes(args: Args) -> int:
     obs = {"fruitbot": int(np.prod(fruitbot.IMAGE_SHAPE)), "minihack": 2 * 2 * minihack.CROP**2}.get(args.env, 75)
     return args.replay_size * args.sequence_length * (obs + 4 * (2 * fruitbot.TASK_DIM + 4) + 3)
 
-
-def check_memory(args: Args) -> None:
-    """Refuse a replay that cannot fit this machine's memory (CPU) before allocating it."""
-    if jax.default_backend() != "cpu":
-        return
-    need = replay_bytes(args) * args.num_seeds
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    require(need < 0.8 * have, f"replay of {args.replay_size:,} sequences x {args.num_seeds} seed(s) needs "
-                               f"{need / 2**30:.1f} GiB, more than this machine's {have / 2**30:.1f} GiB allow: lower "
-                               f"--replay-size (and --min-replay-size)")
 
 
 def steps_per_iteration(args: Args) -> int:
@@ -998,28 +957,13 @@ def make_host_evaluate(setup: Setup, args: Args, tasks, gpi_settings):
         return jnp.argmax(q, -1), rnn
 
     def evaluate(params, key):
-        seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
-        n = len(tasks) * args.eval_episodes
+        seed = int(jax.random.randint(key, (), 0, 2**31 - 1))  # the host envs' level seed
+        task_of_env = np.repeat(np.arange(len(tasks)), args.eval_episodes)
         initial = eqx.combine(params, setup.static).core.initial_state()
-        out = []
-        for g in gpi_settings:
-            env = make_env(args, n, seed, tasks, num_levels=0,
-                                task_of_env=np.repeat(np.arange(len(tasks)), args.eval_episodes))
-            obs = env.reset()
-            rnn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), initial)
-            prev_action, prev_reward, first = np.zeros(n, np.int32), np.zeros(n, np.float32), np.ones(n, bool)
-            returns, running = np.zeros(n, np.float32), np.ones(n, bool)
-            while running.any():
-                action, rnn = act(params, obs[HOST_OBS[args.env]], obs["w"], prev_action, prev_reward, first, rnn,
-                                  use_gpi=g == 1)
-                obs, reward, terminated, truncated, _ = env.step(np.asarray(action))
-                returns += np.where(running, reward, 0.0)
-                done = terminated | truncated
-                running &= ~done
-                prev_action, prev_reward, first = np.where(done, 0, action), np.where(done, 0.0, reward), done
-            env.close()  # the evaluation's own envs (one per task and episode) are not kept
-            out.append(returns.reshape(len(tasks), args.eval_episodes))
-        return np.stack(out)
+        return np.stack([play_first_episodes(  # each setting on its own envs (one per task and episode)
+            make_env(args, len(task_of_env), seed, tasks, num_levels=0, task_of_env=task_of_env),
+            partial(act, params, use_gpi=g == 1), HOST_OBS[args.env], initial).reshape(len(tasks), args.eval_episodes)
+            for g in gpi_settings])
 
     return evaluate
 
@@ -1032,7 +976,7 @@ def make_host_evaluate(setup: Setup, args: Args, tasks, gpi_settings):
 def main(args: Args) -> None:
     check_args(args)
     if args.env in LEVEL_ENVS:
-        check_memory(args)
+        check_replay_memory(args, replay_bytes(args))
     per_iteration = steps_per_iteration(args)
     total_steps = whole_iterations(args, per_iteration)[0] * per_iteration  # at least --total-timesteps
     run = RunDir(args, method_name(args), total_steps)  # refuses a used, missing or unwritable directory

@@ -26,7 +26,8 @@ from common.run.errors import (
     require_fraction, exit_on_config_error
 )  # noqa: F401
 from common.run.settings import (
-    SAFE_TO_CHANGE, safe_to_change, NOT_SETTINGS, default_run_dir, RETIRED_SETTINGS, parse_args, RunArgs, check_run_args
+    SAFE_TO_CHANGE, safe_to_change, NOT_SETTINGS, default_run_dir, RETIRED_SETTINGS, parse_args, RunArgs,
+    check_run_args, check_replay_args, check_replay_memory
 )  # noqa: F401
 from common.run.checkpoint import save_checkpoint, read_checkpoint_header, load_checkpoint  # noqa: F401
 from common.run.scripts import ROOT, script_of, load_script  # noqa: F401

@@ -1,5 +1,5 @@
-"""Checkpoints: written atomically (a failed write keeps the previous file whole and stops with one line), read back with
-their header."""
+"""Checkpoints: written atomically (a failed write keeps the previous file whole and stops with one line), read
+back with their header."""
 
 from __future__ import annotations
 

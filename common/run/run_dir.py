@@ -1,5 +1,5 @@
-"""The run directory (config.json, checkpoints, resume and overwrite rules), the devices its seeds train on, and stopping
-cleanly on Ctrl-C / SIGTERM."""
+"""The run directory (config.json, checkpoints, resume and overwrite rules), the devices its seeds train on, and
+stopping cleanly on Ctrl-C / SIGTERM."""
 
 from __future__ import annotations
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import tyro
 
-from common.run.errors import exit_on_config_error, require, require_positive
+from common.run.errors import exit_on_config_error, require, require_fraction, require_positive
 
 
 SAFE_TO_CHANGE = ("total_timesteps", "eval_every", "log_every", "track", "checkpoint_minutes", "checkpoint",
@@ -101,3 +102,37 @@ def check_run_args(args: RunArgs) -> None:
     """Refuse run controls that cannot work, with one line saying what to change."""
     require_positive(args, "checkpoint_minutes")
     require(args.max_minutes is None or args.max_minutes > 0, f"--max-minutes must be positive, got {args.max_minutes}")
+
+
+def check_replay_args(args) -> None:
+    """Refuse sequence and replay settings that cannot work (every script replays sequences of sequence_period + 1
+    steps from num_envs envs with an n-step discount), with one line saying what to change."""
+    per_iteration = args.num_envs * args.sequence_period
+    require(args.sequence_length == args.sequence_period + 1,
+            f"--sequence-length must be --sequence-period + 1 (sequences share one step), got "
+            f"{args.sequence_length} and {args.sequence_period}")
+    require(0 < args.gamma <= 1, f"--gamma must be in (0, 1], got {args.gamma}")
+    require_fraction(args, "priority_exponent", "max_priority_weight")
+    require(args.min_replay_size >= args.batch_size,
+            f"--min-replay-size must be at least --batch-size ({args.batch_size}), got {args.min_replay_size}")
+    require(args.replay_size >= args.min_replay_size,
+            f"--replay-size must be at least --min-replay-size, got {args.replay_size} < {args.min_replay_size}")
+    require(args.replay_size >= args.num_envs, f"--replay-size must hold one insert of --num-envs ({args.num_envs}) "
+                                               f"sequences, got {args.replay_size}")
+    require(args.total_timesteps >= per_iteration,
+            f"--total-timesteps must cover at least one iteration ({per_iteration} env steps = "
+            f"--num-envs x --sequence-period), got {args.total_timesteps}")
+
+
+def check_replay_memory(args, replay_bytes: int) -> None:
+    """On a CPU, refuse a replay (replay_bytes per seed) that cannot fit this machine's memory, before allocating it.
+    (A GPU's memory is XLA's to report.)"""
+    import jax
+
+    if jax.default_backend() != "cpu":
+        return
+    need = replay_bytes * args.num_seeds
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    require(need < 0.8 * have, f"replay of {args.replay_size:,} sequences x {args.num_seeds} seed(s) needs "
+                               f"{need / 2**30:.1f} GiB, more than this machine's {have / 2**30:.1f} GiB allow: lower "
+                               f"--replay-size (and --min-replay-size)")
