@@ -35,7 +35,7 @@ from common.envs.babyai import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, EnvParams, 
 from common.farm import BACKENDS, FarmCore, default_backend
 from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector
-from common.run import (CUMULANT_SUMS, RunArgs, RunDir, check_replay_args, check_run_args, eval_rows,
+from common.run import (CUMULANT_SUMS, RunArgs, RunDir, check_replay_args, check_run_args, cumulant_stats, eval_rows,
                         exit_on_config_error, format_task, parse_args, require, require_non_negative, require_positive,
                         shard_seeds, train_in_chunks, whole_iterations)
 
@@ -412,19 +412,6 @@ LOSS_NAMES = ("loss", "loss_q", "loss_psi", "loss_phi", "q_mean", "grad_norm")
 """what an SGD step reports (metrics.csv columns)"""
 
 
-def cumulant_stats(phi, phi_env, valid):
-    """The sums [9, C] of common.run.CUMULANT_SUMS over the valid transitions: how closely each learned phi^k
-    tracks the env's pickups of category k (metrics.csv's phi_corr_k, phi_error_pickup_k, phi_error_other_k).
-    phi, phi_env [..., C]; valid [...]. Only a measurement: nothing here reaches the loss."""
-    phi = jax.lax.stop_gradient(phi).reshape(-1, phi.shape[-1])
-    phi_env = phi_env.reshape(phi.shape)
-    v = jnp.broadcast_to(valid.reshape(-1, 1), phi.shape).astype(phi.dtype)
-    picked = (phi_env != 0) * v
-    error = jnp.abs(phi - phi_env)
-    return jnp.stack([v, phi * v, phi**2 * v, phi_env * v, phi_env**2 * v, phi * phi_env * v, picked,
-                      error * picked, error * (v - picked)]).sum(1)
-
-
 def batch_loss(net: MSFANetwork, target_net: MSFANetwork, render, batch: Sequence, probabilities, args: Args):
     """alpha_psi mean_b(IS_b L_psi,b) + alpha_Q mean_b L_Q,b + alpha_phi (masked mean of the phi error)."""
     out = jax.vmap(lambda seq: sequence_loss(net, target_net, render, seq, args))(batch)
@@ -667,7 +654,6 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS, gpi_settings=GPI_S
         return jnp.stack(out)
 
     return evaluate
-
 
 
 # =====================================================================================================================

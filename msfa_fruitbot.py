@@ -7,16 +7,11 @@ phi . w on the reward. At test time GPI composes the train-task policies: argmax
 
 The file reads top to bottom as the whole algorithm: arguments (the paper's Fruitbot settings as defaults), the
 network and its Q/GPI heads, replay items, the recurrent unroll, n-step targets and the losses, acting, the jitted
-training program, evaluation, and main. Fruitbot runs in JAX by default (common/envs/fruitbot_jax.py: procgen's game
-rules, proven against procgen state by state, and the original's per-task games, --distribution-mode paper), so
-acting, replay insertion, sampling and SGD run as one jitted program per chunk, as in msfa_babyai.py. With
---env-backend procgen the stock procgen game (C++, hard or easy) is stepped from inside the jitted chunk through
-`jax.experimental.io_callback` instead (benchmarks/host_env.py). What differs from BabyAI besides sizes: an episode
-is a lifetime of up to 4 levels; hitting a barrier ends it as a termination (learned as a terminal transition, no
-bootstrap), the per-level timeout is a truncation (masked); the Impala torso; importance weights (exponent 0.6); GPI
-support from a flag. common/ holds what is not the algorithm: the environment (common/envs/fruitbot_jax.py;
-common/envs/fruitbot.py for procgen, exact per-category cumulants from its state), FARM, GPI, network layers and the
-run directory.
+training program, evaluation, and main. The game is JAX (common/envs/fruitbot_jax.py: procgen's rules, proven
+against procgen; the original's per-task games by default), so acting, replay and SGD run as one jitted program per
+chunk; --env-backend procgen steps stock procgen (hard or easy) on the host through io_callback instead. Beyond
+BabyAI: an episode is a lifetime of up to 4 levels (a barrier ends it as a termination, the per-level timeout is a
+masked truncation); the Impala torso; importance weights (exponent 0.6); GPI support from a flag.
 
     python msfa_fruitbot.py --seed 3                 # the paper's Fruitbot settings (replay 70k sequences: ~35 GB)
     python msfa_fruitbot.py --replay-size 10000 --min-replay-size 1000   # fits a 24 GB machine
@@ -37,17 +32,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jax.experimental import io_callback
-
 from common.farm import BACKENDS, FarmCore, default_backend
-from common.envs import fruitbot_jax
+from common.envs import fruitbot, fruitbot_jax
 from common.envs.fruitbot import IMAGE_SHAPE, MAX_LEVELS, NUM_ACTIONS, TEST_TASKS, TRAIN_LEVELS, TRAIN_TASKS, Fruitbot
 from common.envs.host import play_first_episodes
 from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector
 from common.run import (CUMULANT_SUMS, RunArgs, RunDir, check_replay_args, check_replay_memory, check_run_args,
-                        eval_rows, exit_on_config_error, format_task, parse_args, require, require_non_negative,
-                        require_positive, train_in_chunks, whole_iterations)
+                        cumulant_stats, eval_rows, exit_on_config_error, format_task, parse_args, require,
+                        require_non_negative, require_positive, train_in_chunks, whole_iterations)
 
 
 # =====================================================================================================================
@@ -200,7 +193,6 @@ def replay_bytes(args: Args) -> int:
     """Memory replay takes per seed: the frames dominate (one 64x64x3 uint8 frame per step)."""
     per_step = int(np.prod(IMAGE_SHAPE)) + 4 * (2 * TRAIN_TASKS.shape[1] + 4) + 2
     return args.replay_size * args.sequence_length * per_step
-
 
 
 GPI_SUPPORTS = ("train", "test")
@@ -458,19 +450,6 @@ LOSS_NAMES = ("loss", "loss_q", "loss_psi", "loss_phi", "q_mean", "grad_norm")
 """what an SGD step reports (metrics.csv columns)"""
 
 
-def cumulant_stats(phi, phi_env, valid):
-    """The sums [9, C] of common.run.CUMULANT_SUMS over the valid transitions: how closely each learned phi^k
-    tracks the env's pickups of category k (metrics.csv's phi_corr_k, phi_error_pickup_k, phi_error_other_k).
-    phi, phi_env [..., C]; valid [...]. Only a measurement: nothing here reaches the loss."""
-    phi = jax.lax.stop_gradient(phi).reshape(-1, phi.shape[-1])
-    phi_env = phi_env.reshape(phi.shape)
-    v = jnp.broadcast_to(valid.reshape(-1, 1), phi.shape).astype(phi.dtype)
-    picked = (phi_env != 0) * v
-    error = jnp.abs(phi - phi_env)
-    return jnp.stack([v, phi * v, phi**2 * v, phi_env * v, phi_env**2 * v, phi * phi_env * v, picked,
-                      error * picked, error * (v - picked)]).sum(1)
-
-
 def batch_loss(net: MSFANetwork, target_net: MSFANetwork, batch: Sequence, probabilities, args: Args):
     """alpha_psi mean_b(IS_b L_psi,b) + alpha_Q mean_b L_Q,b + alpha_phi (masked mean of the phi error)."""
     out = jax.vmap(lambda seq: sequence_loss(net, target_net, seq, args))(batch)
@@ -603,23 +582,13 @@ def make_sequences(steps: Step, actors: Actor, start_rnn) -> Sequence:
 
 
 def env_step(setup: Setup, args: Args, actors: Actor, action, key):
-    """Step one seed's envs: the JAX envs vmapped, or the host's procgen envs from inside the jitted program
-    (jax.experimental.io_callback; under the seed vmap JAX runs the callback once per seed, in turn; the actions of
-    step t+1 depend on its frames, so the calls of one seed stay in order)."""
-    e, c = args.num_envs, TRAIN_TASKS.shape[1]
+    """Step one seed's envs: the JAX envs vmapped, or the host's procgen envs from inside the jitted program."""
+    e = args.num_envs
     if setup.env is not None:
         obs, env_state, reward, terminated, truncated, info = jax.vmap(setup.env.step, (0, 0, 0, None))(
             jax.random.split(key, e), actors.env_state, action, setup.env_params)
         return env_state, (obs.image, obs.w, reward, terminated, truncated, info["phi"])
-
-    def host(seed_index, action):
-        obs, reward, terminated, truncated, info = setup.envs[int(seed_index)].step(np.asarray(action))
-        return (obs["image"], obs["w"], reward, terminated, truncated, info["phi"])
-
-    shapes = (jax.ShapeDtypeStruct((e,) + IMAGE_SHAPE, jnp.uint8), jax.ShapeDtypeStruct((e, c), jnp.float32),
-              jax.ShapeDtypeStruct((e,), jnp.float32), jax.ShapeDtypeStruct((e,), jnp.bool_),
-              jax.ShapeDtypeStruct((e,), jnp.bool_), jax.ShapeDtypeStruct((e, c), jnp.float32))
-    return None, io_callback(host, shapes, actors.seed_index, action)
+    return None, fruitbot.step_in_jit(setup.envs, actors.seed_index, action)  # procgen on the host
 
 
 def act_step(setup: Setup, args: Args, params, actors: Actor, key):
@@ -641,9 +610,9 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
                 "length": episode_length}
     actors = actors._replace(
         env_state=env_state, image=image, w=w, prev_action=jnp.where(done, 0, action),
-        prev_reward=jnp.where(done, 0.0, reward), first=done, rnn=rnn, epsilon=jnp.where(done, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),
-        episode_return=jnp.where(done, 0.0, episode_return),
-        episode_length=jnp.where(done, 0, episode_length))
+        prev_reward=jnp.where(done, 0.0, reward), first=done, rnn=rnn,
+        epsilon=jnp.where(done, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),
+        episode_return=jnp.where(done, 0.0, episode_return), episode_length=jnp.where(done, 0, episode_length))
     return actors, (step, finished)
 
 
@@ -786,7 +755,6 @@ def make_jax_evaluate(setup: Setup, args: Args, tasks: np.ndarray, policies, gpi
         return np.stack([np.asarray(play(params, key, use_gpi=g == 1)) for g in gpi_settings])
 
     return evaluate
-
 
 
 # =====================================================================================================================

@@ -40,11 +40,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jax.experimental import io_callback
-
 from common.farm import BACKENDS, FarmCore, default_backend
 from common.envs.minihack import (CROP, NUM_ACTIONS, ROOM_SIZES, TEST_TASKS, TRAIN_LEVELS, TRAIN_TASKS,
-                             make_rooms, render, tile_set)
+                             make_rooms, render, step_in_jit, tile_set)
 from common.envs.host import play_first_episodes
 from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector
@@ -600,19 +598,8 @@ def make_sequences(steps: Step, actors: Actor, start_rnn) -> Sequence:
 
 
 def env_step(setup: Setup, args: Args, seed_index, action):
-    """Step one seed's host envs from inside the jitted program (jax.experimental.io_callback). Under the seed vmap
-    JAX runs the callback once per seed, in turn; the actions of step t+1 depend on its crops, so the calls of one
-    seed stay in order."""
-    e, c = args.num_envs, TRAIN_TASKS.shape[1]
-
-    def host(seed_index, action):
-        obs, reward, terminated, truncated, info = setup.envs[int(seed_index)].step(np.asarray(action))
-        return (obs["tiles"], obs["w"], reward, terminated, truncated, info["final_tiles"])
-
-    crop = jax.ShapeDtypeStruct((e, CROP, CROP), jnp.int16)
-    shapes = (crop, jax.ShapeDtypeStruct((e, c), jnp.float32), jax.ShapeDtypeStruct((e,), jnp.float32),
-              jax.ShapeDtypeStruct((e,), jnp.bool_), jax.ShapeDtypeStruct((e,), jnp.bool_), crop)
-    return io_callback(host, shapes, seed_index, action)
+    """Step one seed's host envs from inside the jitted program (common.envs.minihack.step_in_jit)."""
+    return step_in_jit(setup.envs, seed_index, action)
 
 
 def act_step(setup: Setup, args: Args, params, actors: Actor, key):
@@ -735,7 +722,6 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS, gpi_settings=GPI_S
             for g in gpi_settings])
 
     return evaluate
-
 
 
 # =====================================================================================================================

@@ -49,8 +49,8 @@ from common.envs.host import play_first_episodes
 from common.gpi import gpi_values
 from common.networks import MLP, LSTMCore, count_params, oar_vector
 from common.run import (CUMULANT_SUMS, RunArgs, RunDir, check_replay_args, check_replay_memory, check_run_args,
-                        eval_rows, exit_on_config_error, format_task, parse_args, require, require_non_negative,
-                        require_positive, shard_seeds, train_in_chunks, whole_iterations)
+                        cumulant_stats, eval_rows, exit_on_config_error, format_task, parse_args, require,
+                        require_non_negative, require_positive, shard_seeds, train_in_chunks, whole_iterations)
 
 
 # =====================================================================================================================
@@ -269,7 +269,6 @@ def replay_bytes(args: Args) -> int:
     of int16 tile indices per step, the view and the final view)."""
     obs = {"fruitbot": int(np.prod(fruitbot.IMAGE_SHAPE)), "minihack": 2 * 2 * minihack.CROP**2}.get(args.env, 75)
     return args.replay_size * args.sequence_length * (obs + 4 * (2 * fruitbot.TASK_DIM + 4) + 3)
-
 
 
 def steps_per_iteration(args: Args) -> int:
@@ -534,19 +533,6 @@ def loss_names(args: Args) -> tuple[str, ...]:
     if args.learned_cumulants:
         return ("loss", "loss_q", "loss_psi", "loss_phi", "q_mean", "grad_norm")
     return ("loss", "loss_psi", "q_mean", "grad_norm")
-
-
-def cumulant_stats(phi, phi_env, valid):
-    """The sums [9, C] of common.run.CUMULANT_SUMS over the valid transitions: how closely each learned phi^k
-    tracks the env's pickups of category k (metrics.csv's phi_corr_k, phi_error_pickup_k, phi_error_other_k).
-    phi, phi_env [..., C]; valid [...]. Only a measurement: nothing here reaches the loss."""
-    phi = jax.lax.stop_gradient(phi).reshape(-1, phi.shape[-1])
-    phi_env = phi_env.reshape(phi.shape)
-    v = jnp.broadcast_to(valid.reshape(-1, 1), phi.shape).astype(phi.dtype)
-    picked = (phi_env != 0) * v
-    error = jnp.abs(phi - phi_env)
-    return jnp.stack([v, phi * v, phi**2 * v, phi_env * v, phi_env**2 * v, phi * phi_env * v, picked,
-                      error * picked, error * (v - picked)]).sum(1)
 
 
 def batch_loss(net: USFANetwork, target_net: USFANetwork, render, batch: Sequence, probabilities, args: Args):
@@ -966,7 +952,6 @@ def make_host_evaluate(setup: Setup, args: Args, tasks, gpi_settings):
             for g in gpi_settings])
 
     return evaluate
-
 
 
 # =====================================================================================================================

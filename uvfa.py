@@ -268,7 +268,6 @@ def replay_bytes(args: Args) -> int:
     return args.replay_size * args.sequence_length * (obs + 4 * (fruitbot.TASK_DIM + 3) + 2)
 
 
-
 def method_name(args: Args) -> str:
     return "MVFA" if args.modular else "UVFA-FARM" if args.farm else "UVFA"
 
@@ -859,7 +858,6 @@ def make_host_evaluate(setup: Setup, args: Args, tasks):
         return returns.reshape(1, len(tasks), args.eval_episodes)
 
     return evaluate
-
 
 
 # =====================================================================================================================

@@ -34,7 +34,7 @@ import numpy as np
 import tyro
 
 from common.envs.babyai import CATEGORY_KINDS, TEST_TASKS, TRAIN_TASKS, EnvParams
-from common.run import cumulant_quality, exit_on_config_error, format_task, require
+from common.run import cumulant_quality, cumulant_stats, exit_on_config_error, format_task, require
 from results import contract
 from results.contract import play_names, require_names, run_label
 from results.evaluate import load_agent, params_files, parse_tasks
@@ -85,8 +85,7 @@ def load_agents(run_dir: Path) -> list[Agent]:
         script, args, params, header = load_agent(path)
         label = run_label(header, run_dir.name)
         agent = Agent(f"{label} ({run_dir.name})", label, header["seed"], header["step"], script, args, params)
-        require_names(script, play_names(script) + (("cumulant_stats",) if has_learned_phi(agent) else ()),
-                      "results.analyze", str(path))
+        require_names(script, play_names(script), "results.analyze", str(path))
         agents.append(agent)
     return agents
 
@@ -191,10 +190,10 @@ def quality_table(runs: dict[str, dict]) -> list[str]:
     for name, r in runs.items():
         if "phi" not in r["traces"][0]:
             continue
-        script, sums = r["agents"][0].script, 0.0
-        for tr in r["traces"]:  # the training script's own sums (common.run.CUMULANT_SUMS), pooled over seeds
+        sums = 0.0
+        for tr in r["traces"]:  # the sums the training scripts log (common.run.cumulant_stats), pooled over seeds
             valid = np.ones(tr["phi"].shape[:-1], bool)
-            sums = sums + np.asarray(script.cumulant_stats(tr["phi"], tr["phi_env"][:, :, :-1], valid), np.float64)
+            sums = sums + np.asarray(cumulant_stats(tr["phi"], tr["phi_env"][:, :, :-1], valid), np.float64)
         quality = cumulant_quality(sums)
         for k, category in enumerate(CATEGORIES):
             lines.append(f"| {name} | {k + 1} ({category}) | {quality['corr'][k]:.3f} | "

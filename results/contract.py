@@ -21,8 +21,6 @@ SCRIPT_NAMES = {
     "core_step": "core_step(core, observation, prev_action, prev_reward, state): one recurrent step",
     "q_values": "q_values(net, h, w): Q(s, a; w) from the core's state",
     "gpi_q_values": "gpi_q_values(net, h, w, policies): max over z of psi(s, a, z) . w (scripts with GPI)",
-    "cumulant_stats": "cumulant_stats(phi, phi_env, valid): learned cumulants against the env's (scripts that "
-                      "learn phi)",
     "make_env": "make_env(args, ...): the host env (Fruitbot's procgen backend, MiniHack)",
 }
 """every name a results tool may use, and what it is"""

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ("msfa_babyai.py", "msfa_fruitbot.py", "msfa_minihack.py", "usfa.py", "uvfa.py")
 SAME_IN_ALL = ("reset_where", "masked_mean", "n_step_targets", "double_q_bootstrap", "sequence_priority",
                "importance_weights")
-SAME_WHERE_PRESENT = ("cumulant_stats", "gpi_q_values")  # only the scripts with learned cumulants / GPI have them
+SAME_WHERE_PRESENT = ("gpi_q_values",)  # only the scripts with GPI have it
 
 
 def functions(script: str) -> dict[str, str]:
@@ -60,10 +60,10 @@ def test_the_readmes_method_map_points_at_the_right_lines():
 
 
 CONTRACT = {  # what each script must expose to the results tools (docs/contract.md), beyond results.evaluate's names
-    "msfa_babyai": ("core_step", "q_values", "gpi_q_values", "cumulant_stats"),
+    "msfa_babyai": ("core_step", "q_values", "gpi_q_values"),
     "msfa_fruitbot": ("core_step", "q_values", "gpi_q_values", "make_env"),
     "msfa_minihack": ("core_step", "q_values", "gpi_q_values", "make_env"),
-    "usfa": ("core_step", "q_values", "gpi_q_values", "cumulant_stats", "make_env"),
+    "usfa": ("core_step", "q_values", "gpi_q_values", "make_env"),
     "uvfa": ("core_step", "q_values", "make_env"),
 }
 

@@ -32,8 +32,8 @@ from common.run.settings import (
 from common.run.checkpoint import save_checkpoint, read_checkpoint_header, load_checkpoint  # noqa: F401
 from common.run.scripts import ROOT, script_of, load_script  # noqa: F401
 from common.run.logs import (
-    EVAL_FIELDS, format_task, peak_rss_gb, CsvLog, drop_rows_after, RunLogs, CUMULANT_SUMS, cumulant_quality,
-    cumulant_columns, metric_fields, metric_rows, progress_line, eval_line, require_finite, eval_rows
+    EVAL_FIELDS, format_task, peak_rss_gb, CsvLog, drop_rows_after, RunLogs, CUMULANT_SUMS, cumulant_stats,
+    cumulant_quality, cumulant_columns, metric_fields, metric_rows, progress_line, eval_line, require_finite, eval_rows
 )  # noqa: F401
 from common.run.run_dir import RUN_FILES, RunDir, VERSIONED, versions, shard_seeds, StopSignals  # noqa: F401
 from common.run.loop import whole_iterations, train_in_chunks  # noqa: F401

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from common.run.errors import SaveFailed, StopRun, require
@@ -143,6 +144,19 @@ CUMULANT_SUMS = ("count", "phi", "phi_sq", "env", "env_sq", "phi_env", "pickups"
 category k, the count of transitions, sum phi^k, sum (phi^k)^2, sum phi_env^k, sum (phi_env^k)^2,
 sum phi^k phi_env^k, the number of pickups of category k (phi_env^k != 0), and sum |phi^k - phi_env^k| over the
 pickup and the other transitions. Sums, not means, so that SGD steps and chunks pool exactly."""
+
+
+def cumulant_stats(phi, phi_env, valid):
+    """The sums [9, C] of CUMULANT_SUMS over the valid transitions: how closely each learned phi^k
+    tracks the env's pickups of category k (metrics.csv's phi_corr_k, phi_error_pickup_k, phi_error_other_k).
+    phi, phi_env [..., C]; valid [...]. Only a measurement: nothing here reaches the loss."""
+    phi = jax.lax.stop_gradient(phi).reshape(-1, phi.shape[-1])
+    phi_env = phi_env.reshape(phi.shape)
+    v = jnp.broadcast_to(valid.reshape(-1, 1), phi.shape).astype(phi.dtype)
+    picked = (phi_env != 0) * v
+    error = jnp.abs(phi - phi_env)
+    return jnp.stack([v, phi * v, phi**2 * v, phi_env * v, phi_env**2 * v, phi * phi_env * v, picked,
+                      error * picked, error * (v - picked)]).sum(1)
 
 
 def cumulant_quality(sums) -> dict[str, np.ndarray]:
