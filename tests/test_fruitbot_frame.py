@@ -6,9 +6,14 @@ step each env's state is read (get_state), parsed into render's inputs and drawn
 procgen's observation (env.observe()).
 
 Measured (1,200 frames per mode, 64x64x3, 0-255): the mean absolute pixel difference per frame is 0 in the median
-and at most 0.031 (hard) / 0.167 (easy); 99.83% / 99.58% of the frames are identical pixel for pixel. Every
-differing frame has a key flying over a fruit, food or locked door: render draws one image per pixel (the last slot
-covering it), so under the key's transparent pixels it shows the background where procgen shows the object.
+and at most 0.031 (hard) / 0.167 (easy); 99.83% / 99.58% of the frames are identical pixel for pixel. Two causes of
+difference are known. (1) A key flying over a fruit, food or locked door: render draws one image per pixel (the last
+slot covering it), so under the key's transparent pixels it shows the background where procgen shows the object;
+in these seeds every differing frame has a key in play. (2) A pixel whose centre maps back to within ~1e-4 of a
+source texel's edge: Qt maps it through the inverse of the image's transform in double precision, render in float32
+(error-free only for the unrotated images), so the two can sample neighbouring texels. Seen once in longer play:
+hard mode, seed 784, step 86, one agent pixel (test_a_texel_edge_of_the_rotated_agent); at most a few pixels of a
+frame, never a whole sprite.
 Asserted bound: median <= 0.01, max <= 0.3, >= 99% of frames identical. The agent moved one pixel right
 (main_width / 64 units) fails it (median 0.18 / 0.33, max 0.27 / 0.50, no frame identical), and so does everything
 moved one pixel (median 2.5 / 2.3).
@@ -40,6 +45,7 @@ SPRITE_OF_TYPE = {0: ff.PLAYER_SPRITE, 1: ff.BARRIER_SPRITE, 3: ff.KEY_SPRITE, 1
                   7: ff.FRUIT, 4: ff.FOOD, 12: ff.PRESENT}
 THEMED = (7, 4, 12)
 BOUND_MEDIAN, BOUND_MAX, BOUND_IDENTICAL = 0.01, 0.3, 0.99
+TEXEL_EDGE_PIXELS = 3  # a frame without a key in play may differ in this many pixels (texel edges: docstring)
 
 
 def parse(state: bytes) -> dict:
@@ -58,15 +64,15 @@ def parse(state: bytes) -> dict:
                 sprite=pad(sprite), alive=pad(np.ones(n, bool), False), background=np.int32(background))
 
 
-def play(mode: str, seed: int) -> tuple[dict, np.ndarray]:
+def play(mode: str, seed: int, steps: int = STEPS) -> tuple[dict, np.ndarray]:
     """Frames of random play (envs 0-3) and gap-seeking play with 10% random actions (4-7): render's inputs
-    (arrays with a leading frame axis) and procgen's observations."""
+    (arrays with a leading frame axis) and procgen's observations, every EVERY steps of `steps`."""
     env = procgen.ProcgenGym3Env(num=NUM_ENVS, env_name="fruitbot", distribution_mode=mode, num_levels=0,
                                  start_level=0, rand_seed=seed)
     rng = np.random.default_rng(seed)
     inputs, observations = [], []
     states = env.callmethod("get_state")
-    for t in range(STEPS):
+    for t in range(steps):
         seek = np.array([gap_seeking_action(s, WORLD_WIDTH[mode]) for s in states[NUM_ENVS // 2:]])
         actions = rng.integers(0, 15, NUM_ENVS)
         actions[NUM_ENVS // 2:] = np.where(rng.random(NUM_ENVS // 2) < 0.1, actions[NUM_ENVS // 2:], seek)
@@ -123,9 +129,25 @@ def test_frames_match_procgen(mode, games, images):
     d = differences(frames, observations)
     print(f"\n{mode}: {summary(d)}")
     assert within_bound(d), summary(d)
-    # the only known difference: a key over another entity (one image per pixel): every differing frame has a key
+    # the known differences: a key over another entity (one image per pixel), or a few pixels at a texel's edge
     keys = ((inputs["sprite"] == ff.KEY_SPRITE) & inputs["alive"]).any(1)
-    assert keys[d > 0].all(), f"frames {np.flatnonzero((d > 0) & ~keys).tolist()} differ without a key in play"
+    pixels = (frames != observations).any(-1).sum((1, 2))
+    odd = np.flatnonzero((d > 0) & ~keys & (pixels > TEXEL_EDGE_PIXELS))
+    assert not len(odd), f"frames {odd.tolist()} differ in more than {TEXEL_EDGE_PIXELS} pixels without a key in play"
+
+
+def test_a_texel_edge_of_the_rotated_agent(images):
+    """Hard play of seed 784, step 86, env 0 (a level start, the agent at x 14.2655): the one pixel that differs is
+    the agent's (60, 45), whose centre maps back to the agent image's source row 68.00003 (float64; render's float32
+    gives 68.00011). Qt's double-precision inverse transform lands just below 68 and samples row 67 (248, 249, 250);
+    render samples row 68 (168, 179, 191). This is difference (2) of the module docstring, pinned down so that the
+    claim stays true: if render ever matched Qt here, this test says so."""
+    inputs, observations = play("hard", 784, steps=87)
+    frame = NUM_ENVS * (86 // EVERY)  # env 0 at step 86
+    drawn = draw(images, {k: v[frame:frame + 1] for k, v in inputs.items()}, "hard")[0]
+    differ = np.argwhere((drawn != observations[frame]).any(-1))
+    assert differ.tolist() == [[60, 45]]
+    assert observations[frame][60, 45].tolist() == [248, 249, 250] and drawn[60, 45].tolist() == [168, 179, 191]
 
 
 @pytest.mark.parametrize("mode", list(MAIN_WIDTH))
