@@ -339,6 +339,12 @@ def n_step_targets(rewards, values, continues, n: int, gamma: float, terminal_at
     return total + bootstrap, boot > t
 
 
+def terminal_transitions(seq: Sequence, args: Args):
+    """bool [T-1]: transition t ends its episode by termination. BabyAI's episodes end only at the time limit, a
+    truncation (masked), unless --time-limit-is-termination (the original's quirk: every episode end is terminal)."""
+    return seq.steps.first[1:] & args.time_limit_is_termination
+
+
 def double_q_bootstrap(q_online, values_target):
     """values_target[t, a*_t] with a*_t = argmax_a q_online[t, a]: the online net picks, the target net values.
 
@@ -376,7 +382,7 @@ def sf_td_error(psi, psi_target, cumulants, seq: Sequence, args: Args):
     s = seq.steps
     q = jnp.einsum("tac,tc->ta", psi, s.w)
     targets, valid = n_step_targets(cumulants, double_q_bootstrap(q, psi_target), ~s.first[1:], args.n_step,
-                                    args.gamma, args.time_limit_is_termination)
+                                    args.gamma, terminal_transitions(seq, args))
     return jax.lax.stop_gradient(targets) - psi[jnp.arange(q.shape[0] - 1), s.action[:-1]], valid
 
 
@@ -391,7 +397,7 @@ def sequence_loss(net: MSFANetwork, target_net: MSFANetwork, render, seq: Sequen
 
     # n-step double Q-learning on Q = psi . w
     q_targets, valid = n_step_targets(s.reward[:-1], double_q_bootstrap(q, q_target), ~s.first[1:], args.n_step,
-                                      args.gamma, args.time_limit_is_termination)
+                                      args.gamma, terminal_transitions(seq, args))
     delta_q = jax.lax.stop_gradient(q_targets) - q[steps, taken]
     loss_q = masked_mean(0.5 * delta_q**2, valid)
 

@@ -37,7 +37,7 @@ from common.envs.babyai import CATEGORY_KINDS, TEST_TASKS, TRAIN_TASKS, EnvParam
 from common.run import cumulant_quality, cumulant_stats, exit_on_config_error, format_task, require
 from results import contract
 from results.contract import play_names, require_names, run_label
-from results.evaluate import load_agent, params_files, parse_tasks
+from results.evaluate import greedy_step, load_agent, params_files, parse_tasks
 from results.summarize import run_env
 
 PAPER_TABLE_A = {  # the paper's Table A: task -> (MSFA, USFA-learned-phi), mean ± std over 40 episodes per task
@@ -127,18 +127,10 @@ def rollout(agent: Agent, tasks: np.ndarray, episodes: int, use_gpi: bool, key) 
 
         def step(carry, key):
             env_state, obs, prev_action, prev_reward, rnn = carry
-            rnn = script.core_step(net.core, env.rgb_from_symbolic(obs.image), prev_action, prev_reward, rnn)
-            h = rnn[0]
-            q = script.gpi_q_values(net, h, obs.w, policies) if sf and use_gpi else script.q_values(net, h, obs.w)
-            action = jnp.argmax(q)
-            if sf:
-                z = policies if use_gpi else obs.w[None]
-                psi = jax.vmap(net.psi, (None, 0))(h, z)[:, action]  # [Z, C]
-                contribution = psi[jnp.argmax(psi @ obs.w)] * obs.w
-            else:
-                contribution = jnp.zeros_like(obs.w)
+            action, q, _, contribution, rnn = greedy_step(script, net, env.rgb_from_symbolic, policies, use_gpi and sf,
+                                                          obs.image, obs.w, prev_action, prev_reward, rnn)
             obs, env_state, reward, _, _, info = env.step(key, env_state, action, env_params)
-            return (env_state, obs, action, reward, rnn), (reward, info["phi"], h, q[action], contribution)
+            return (env_state, obs, action, reward, rnn), (reward, info["phi"], rnn[0], q, contribution)
 
         _, (reward, phi_env, h, q, contribution) = jax.lax.scan(
             step, carry0, jax.random.split(key_run, env_params.max_steps_in_episode))

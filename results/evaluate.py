@@ -24,13 +24,14 @@ from pathlib import Path
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import tyro
 
 from common.envs import babyai
 from common.run import EVAL_FIELDS, ConfigError, exit_on_config_error, format_task, load_script, require
 from results.compact import open_params
-from results.contract import EVALUATE, require_names
+from results.contract import EVALUATE, has_psi, require_names
 from results.summarize import args_env, tasks_of_env
 
 MSFA_SCRIPTS = {"babyai": "msfa_babyai", "fruitbot": "msfa_fruitbot", "minihack": "msfa_minihack"}
@@ -116,6 +117,26 @@ def load_agent(path: Path):
             raise ConfigError(f"{path} is truncated or does not match its header's network ({type(e).__name__})") \
                 from None
     return script, args, params, header
+
+
+def greedy_step(script, net, to_input, policies, use_gpi: bool, image, w, prev_action, prev_reward, state):
+    """One step of a script's evaluation policy, with what it computed on the way (results.analyze and results.video
+    replay evaluation episodes through it): the core's step on the stored observation (to_input: what core_step
+    takes), the greedy action of max_z psi(s, a, z) . w over `policies` (GPI) or of Q(s, a; w), that action's value,
+    the policy z* GPI followed (w without GPI), psi_c(s, a, z*) w_c per cumulant c (zeros for agents without
+    successor features: they sum to the value) and the new recurrent state."""
+    state = script.core_step(net.core, to_input(image), prev_action, prev_reward, state)
+    h = state[0]
+    if not has_psi(script):
+        q = script.q_values(net, h, w)
+        action = jnp.argmax(q)
+        return action, q[action], w, jnp.zeros_like(w), state
+    q = script.gpi_q_values(net, h, w, policies) if use_gpi else script.q_values(net, h, w)
+    action = jnp.argmax(q)
+    z = policies if use_gpi else w[None]
+    psi = jax.vmap(net.psi, (None, 0))(h, z)[:, action]  # [Z, C]
+    chosen = jnp.argmax(psi @ w)
+    return action, q[action], z[chosen], psi[chosen] * w, state
 
 
 def play(script, run_args, params, tasks: np.ndarray, settings: tuple, key) -> np.ndarray:

@@ -32,7 +32,7 @@ import tyro
 
 from common.run import exit_on_config_error, format_task, require
 from results.contract import has_psi, play_names, require_names
-from results.evaluate import load_agent, params_files, parse_tasks
+from results.evaluate import greedy_step, load_agent, params_files, parse_tasks
 from results.summarize import args_env, tasks_of_env
 
 CATEGORY_NAMES = {
@@ -127,22 +127,10 @@ def make_decide(script, setup, env: str, args, use_gpi: bool):
     @jax.jit
     def decide(params, image, w, prev_action, prev_reward, rnn):
         net = eqx.combine(params, setup.static)
-        rnn = script.core_step(net.core, to_input(image), prev_action, prev_reward, rnn)
-        h = rnn[0]
-        if has_psi(script) and use_gpi:
-            q = script.gpi_q_values(net, h, w, policies)
-        else:
-            q = script.q_values(net, h, w)
-        action = jnp.argmax(q)
-        if has_psi(script):
-            z = policies if use_gpi else w[None]
-            psi = jax.vmap(net.psi, (None, 0))(h, z)[:, action]  # [Z, C]
-            chosen = jnp.argmax(psi @ w)
-            contribution = (psi[chosen] * w).reshape(groups, -1).sum(-1)
-            z_star = z[chosen]
-        else:
-            contribution, z_star = jnp.zeros(0), w
-        return action, q[action], z_star, contribution, rnn
+        action, q, z_star, contribution, rnn = greedy_step(script, net, to_input, policies, use_gpi and has_psi(script),
+                                                           image, w, prev_action, prev_reward, rnn)
+        contribution = contribution.reshape(groups, -1).sum(-1) if has_psi(script) else jnp.zeros(0)
+        return action, q, z_star, contribution, rnn
 
     return decide
 

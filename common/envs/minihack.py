@@ -274,7 +274,7 @@ class ParallelRooms:
         self.num_envs, self.tasks = num_envs, np.asarray(tasks, np.float32)
         bounds = np.linspace(0, num_envs, workers + 1).astype(int)
         self.slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])  # the repository (common/envs/minihack.py)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
         self.procs = []
         for part in self.slices:
