@@ -46,9 +46,9 @@ from common.envs.minihack import (CROP, NUM_ACTIONS, ROOM_SIZES, TEST_TASKS, TRA
 from common.envs.host import play_first_episodes
 from common.gpi import gpi_values
 from common.networks import MLP, count_params, oar_vector
-from common.run import (RunArgs, RunDir, check_replay_args, check_run_args, eval_rows, exit_on_config_error,
-                        format_task, parse_args, require, require_non_negative, require_positive, train_in_chunks,
-                        whole_iterations)
+from common.run import (RunArgs, RunDir, check_replay_args, check_replay_memory, check_run_args, eval_rows,
+                        exit_on_config_error, format_task, parse_args, require, require_non_negative, require_positive,
+                        train_in_chunks, whole_iterations)
 
 
 # =====================================================================================================================
@@ -207,16 +207,6 @@ def replay_bytes(args: Args) -> int:
     per_step = 2 * 2 * CROP * CROP + 4 * (TRAIN_TASKS.shape[1] + 4) + 2
     return args.replay_size * args.sequence_length * per_step
 
-
-def check_memory(args: Args) -> None:
-    """Refuse a replay that cannot fit this machine's memory (CPU) before allocating it."""
-    if jax.default_backend() != "cpu":
-        return
-    need = replay_bytes(args) * args.num_seeds
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    require(need < 0.8 * have, f"replay of {args.replay_size:,} sequences x {args.num_seeds} seed(s) needs "
-                               f"{need / 2**30:.1f} GiB, more than this machine's {have / 2**30:.1f} GiB allow: lower "
-                               f"--replay-size (and --min-replay-size)")
 
 
 GPI_SUPPORTS = ("train", "test")
@@ -730,7 +720,7 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS, gpi_settings=GPI_S
 @exit_on_config_error
 def main(args: Args) -> None:
     check_args(args)
-    check_memory(args)
+    check_replay_memory(args, replay_bytes(args))
     per_iteration = steps_per_iteration(args)
     total_steps = whole_iterations(args, per_iteration)[0] * per_iteration  # at least --total-timesteps
     run = RunDir(args, method_name(args), total_steps)  # refuses a used, missing or unwritable directory
