@@ -117,7 +117,7 @@ def rollout(agent: Agent, tasks: np.ndarray, episodes: int, use_gpi: bool, key) 
     env = setup.env
     net = eqx.combine(agent.params, setup.static)
     policies = jnp.asarray(TRAIN_TASKS)
-    sf, learned = has_psi(agent), has_learned_phi(agent)
+    learned = has_learned_phi(agent)
 
     def episode(key, w):
         env_params = EnvParams(tasks=w[None])
@@ -127,7 +127,7 @@ def rollout(agent: Agent, tasks: np.ndarray, episodes: int, use_gpi: bool, key) 
 
         def step(carry, key):
             env_state, obs, prev_action, prev_reward, rnn = carry
-            action, q, _, contribution, rnn = greedy_step(script, net, env.rgb_from_symbolic, policies, use_gpi and sf,
+            action, q, _, contribution, rnn = greedy_step(script, net, env.rgb_from_symbolic, policies, use_gpi,
                                                           obs.image, obs.w, prev_action, prev_reward, rnn)
             obs, env_state, reward, _, _, info = env.step(key, env_state, action, env_params)
             return (env_state, obs, action, reward, rnn), (reward, info["phi"], rnn[0], q, contribution)

@@ -127,7 +127,7 @@ def make_decide(script, setup, env: str, args, use_gpi: bool):
     @jax.jit
     def decide(params, image, w, prev_action, prev_reward, rnn):
         net = eqx.combine(params, setup.static)
-        action, q, z_star, contribution, rnn = greedy_step(script, net, to_input, policies, use_gpi and has_psi(script),
+        action, q, z_star, contribution, rnn = greedy_step(script, net, to_input, policies, use_gpi,
                                                            image, w, prev_action, prev_reward, rnn)
         contribution = contribution.reshape(groups, -1).sum(-1) if has_psi(script) else jnp.zeros(0)
         return action, q, z_star, contribution, rnn

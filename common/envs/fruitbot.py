@@ -282,21 +282,12 @@ class Fruitbot:
 
 
 def step_in_jit(envs: list, seed_index, action):
-    """Step one seed's host envs, envs[seed_index], from inside a jitted program (jax.experimental.io_callback):
-    (frames uint8 [E, 64, 64, 3], w [E, C], reward [E], terminated [E], truncated [E], phi [E, C]: the objects
-    of each category collected). Under a vmap over seeds JAX runs the callback once per seed, in turn; the
-    actions of step t+1 depend on step t's observations, so the calls of one seed stay in order."""
-    import jax
-    from jax.experimental import io_callback
+    """Step one seed's procgen envs from inside a jitted program (common.envs.host.step_in_jit): frames uint8
+    [E, 64, 64, 3], w, reward, terminated, truncated, and phi [E, C] (the objects of each category collected)."""
+    from common.envs.host import step_in_jit as step
 
-    def host(seed_index, action):
-        obs, reward, terminated, truncated, info = envs[int(seed_index)].step(np.asarray(action))
-        return obs["image"], obs["w"], reward, terminated, truncated, info["phi"]
-
-    e = action.shape[-1]
-    shapes = (((e, *IMAGE_SHAPE), np.uint8), ((e, TASK_DIM), np.float32), ((e,), np.float32), ((e,), np.bool_),
-              ((e,), np.bool_), ((e, TASK_DIM), np.float32))
-    return io_callback(host, tuple(jax.ShapeDtypeStruct(s, d) for s, d in shapes), seed_index, action)
+    return step(envs, seed_index, action, ("image", IMAGE_SHAPE, np.uint8), ("phi", (TASK_DIM,), np.float32),
+                TASK_DIM)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

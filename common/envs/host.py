@@ -1,5 +1,6 @@
-"""Host envs (procgen, NLE) at evaluation: the network acts for all envs at once (jitted), the envs step on the host.
-(In training they step from inside the jitted chunk through io_callback: each script's env_step.)"""
+"""Host envs (procgen, NLE) and the jitted learner: in training they step from inside the jitted chunk through
+io_callback (step_in_jit); at evaluation the network acts for all envs at once (jitted) and the envs step on the
+host (play_first_episodes)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,21 @@ def play_first_episodes(env, act, obs_key: str, initial_state) -> np.ndarray:
         prev_action, prev_reward, first = np.where(done, 0, action), np.where(done, 0.0, reward), done
     env.close()
     return returns
+
+
+def step_in_jit(envs: list, seed_index, action, view: tuple[str, tuple, type], last: tuple[str, tuple, type],
+                task_dim: int):
+    """Step one seed's host envs, envs[seed_index], from inside a jitted program (jax.experimental.io_callback):
+    (obs[view key] [E, ...], w [E, C], reward [E], terminated [E], truncated [E], info[last key] [E, ...]); view and
+    last give (key, shape per env, dtype). Under a vmap over seeds JAX runs the callback once per seed, in turn; the
+    actions of step t+1 depend on step t's observations, so the calls of one seed stay in order."""
+    from jax.experimental import io_callback
+
+    def host(seed_index, action):
+        obs, reward, terminated, truncated, info = envs[int(seed_index)].step(np.asarray(action))
+        return obs[view[0]], obs["w"], reward, terminated, truncated, info[last[0]]
+
+    e = action.shape[-1]
+    shapes = (((e, *view[1]), view[2]), ((e, task_dim), np.float32), ((e,), np.float32), ((e,), np.bool_),
+              ((e,), np.bool_), ((e, *last[1]), last[2]))
+    return io_callback(host, tuple(jax.ShapeDtypeStruct(s, d) for s, d in shapes), seed_index, action)

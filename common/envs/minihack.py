@@ -339,22 +339,13 @@ class ParallelRooms:
 
 
 def step_in_jit(envs: list, seed_index, action):
-    """Step one seed's host envs, envs[seed_index], from inside a jitted program (jax.experimental.io_callback):
-    (tiles int16 [E, 9, 9]: the agent-centred crop, w [E, C], reward [E], terminated [E], truncated [E],
-    final_tiles [E, 9, 9]: the crop the step led to, before any reset). Under a vmap over seeds JAX runs the
-    callback once per seed, in turn; the actions of step t+1 depend on step t's observations, so the calls of
-    one seed stay in order."""
-    import jax
-    from jax.experimental import io_callback
+    """Step one seed's MiniHack rooms from inside a jitted program (common.envs.host.step_in_jit): tiles int16
+    [E, 9, 9] (the agent-centred crop), w, reward, terminated, truncated, and final_tiles [E, 9, 9] (the crop the
+    step led to, before any reset)."""
+    from common.envs.host import step_in_jit as step
 
-    def host(seed_index, action):
-        obs, reward, terminated, truncated, info = envs[int(seed_index)].step(np.asarray(action))
-        return obs["tiles"], obs["w"], reward, terminated, truncated, info["final_tiles"]
-
-    e = action.shape[-1]
-    shapes = (((e, CROP, CROP), np.int16), ((e, TASK_DIM), np.float32), ((e,), np.float32), ((e,), np.bool_),
-              ((e,), np.bool_), ((e, CROP, CROP), np.int16))
-    return io_callback(host, tuple(jax.ShapeDtypeStruct(s, d) for s, d in shapes), seed_index, action)
+    return step(envs, seed_index, action, ("tiles", (CROP, CROP), np.int16), ("final_tiles", (CROP, CROP), np.int16),
+                TASK_DIM)
 
 
 def make_rooms(num_envs: int, tasks=TRAIN_TASKS, *, workers: int = 1, **kwargs):
