@@ -13,8 +13,8 @@ chunk; --env-backend procgen steps stock procgen (hard or easy) on the host thro
 BabyAI: an episode is a lifetime of up to 4 levels (a barrier ends it as a termination, the per-level timeout is a
 masked truncation); the Impala torso; importance weights (exponent 0.6); GPI support from a flag.
 
-    python msfa_fruitbot.py --seed 3                 # the paper's Fruitbot settings (replay 70k sequences: ~35 GB)
-    python msfa_fruitbot.py --replay-size 10000 --min-replay-size 1000   # fits a 24 GB machine
+    python msfa_fruitbot.py --seed 3                 # the paper's Fruitbot settings (replay 70k sequences: 0.4 GiB)
+    python msfa_fruitbot.py --env-backend procgen --distribution-mode hard --replay-size 10000 --min-replay-size 1000
     python msfa_fruitbot.py --help                   # every option
 """
 
@@ -80,7 +80,11 @@ class Args(RunArgs):
     gamma: float = 0.99
     """discount"""
     replay_size: int = 70_000
-    """replay capacity in sequences (64x64x3 frames: ~0.5 MB per sequence)"""
+    """replay capacity in sequences (~6 KB each with the JAX game's states, ~0.5 MB with 64x64x3 frames)"""
+    replay_frames: bool = False
+    """keep each step's 64x64x3 frame in replay (12,288 bytes) instead of the JAX game's state it is drawn from
+    (38 bytes: GameView; the learner draws the frames of each sampled batch, the same pixels the actors saw); the
+    procgen backend and fresh training levels (--train-levels 0) have no such state and always keep frames"""
     min_replay_size: int = 10_000
     """sequences in replay before learning starts"""
     samples_per_insert: float = 6.0
@@ -189,10 +193,18 @@ def check_args(args: Args) -> None:
     check_replay_args(args)
 
 
-def replay_bytes(args: Args) -> int:
-    """Memory replay takes per seed: the frames dominate (one 64x64x3 uint8 frame per step)."""
-    per_step = int(np.prod(IMAGE_SHAPE)) + 4 * (2 * TRAIN_TASKS.shape[1] + 4) + 2
-    return args.replay_size * args.sequence_length * per_step
+def keeps_game_views(args: Args) -> bool:
+    """Whether replay keeps the JAX game's GameViews (drawn into frames by the learner) rather than the frames."""
+    return args.env_backend == "jax" and args.train_levels > 0 and not args.replay_frames
+
+
+def replay_bytes(args: Args, frames: bool | None = None) -> int:
+    """Memory replay takes per seed: every step's observation (a GameView, or a 64x64x3 uint8 frame with frames or
+    where replay keeps them) and its other fields, and each sequence's recurrent state (h, c)."""
+    frames = not keeps_game_views(args) if frames is None else frames
+    obs = int(np.prod(IMAGE_SHAPE)) if frames else fruitbot_jax.view_bytes(JAX_GAMES[args.distribution_mode])
+    per_step = obs + 4 * (2 * TRAIN_TASKS.shape[1] + 4) + 2
+    return args.replay_size * (args.sequence_length * per_step + 2 * 4 * args.num_modules * args.module_size)
 
 
 GPI_SUPPORTS = ("train", "test")
@@ -276,7 +288,7 @@ def gpi_q_values(net, h, w, policies):
 # Replay items and the recurrent unroll
 # =====================================================================================================================
 class Step(NamedTuple):
-    obs: jax.Array  # uint8 [64, 64, 3], the frame
+    obs: jax.Array  # the frame, uint8 [64, 64, 3]; in replay, the JAX game's GameView it is drawn from (replay_frames)
     w: jax.Array  # float32 [C], the task
     prev_action: jax.Array  # int32
     prev_reward: jax.Array  # float32
@@ -291,6 +303,22 @@ class Sequence(NamedTuple):
     """A replay item: sequence_length steps and the recurrent state before the first (R2D2's stored state)."""
     steps: Step  # each field [T, ...]
     state: tuple  # (h, c): the recurrent state before steps[0] (reset there if steps.first[0])
+
+
+def kept_in_replay(setup, args: Args, env_state, image):
+    """What replay keeps of the envs' current observations: the JAX game's GameViews (keeps_game_views), or the
+    frames themselves."""
+    if keeps_game_views(args):
+        return jax.vmap(setup.env.view, (0, None))(env_state, setup.env_params)
+    return image
+
+
+def replay_frames(setup, steps: Step) -> Step:
+    """A sampled batch's steps with their frames: drawn from the GameViews replay keeps, in one batched render of
+    every step of every sequence (the online and the target unroll then read the same frames)."""
+    if not isinstance(steps.obs, fruitbot_jax.GameView):
+        return steps
+    return steps._replace(obs=setup.env.draw(steps.obs, setup.env_params))
 
 
 def reset_where(first, state, initial):
@@ -470,7 +498,8 @@ class Actor(NamedTuple):
     """Per-env acting state (the envs themselves live on the host, in Setup.envs)."""
     seed_index: jax.Array  # which seed's envs these are (the procgen backend's callback steps envs[seed_index])
     env_state: object  # the JAX envs' states [E] (None with procgen: its games live on the host)
-    image: jax.Array
+    image: jax.Array  # the frames the envs show now
+    kept: object  # what replay keeps of them (kept_in_replay): GameViews, or the frames
     w: jax.Array
     prev_action: jax.Array
     prev_reward: jax.Array
@@ -544,8 +573,10 @@ def fresh_actors(setup: Setup, args: Args, seed_index: int, key) -> Actor:
     else:
         obs = setup.envs[seed_index].reset()
     initial = (jnp.zeros((args.num_modules, args.module_size)),) * 2  # FARM's initial (h, c)
-    return Actor(seed_index=jnp.asarray(seed_index, jnp.int32), env_state=env_state, image=jnp.asarray(obs["image"]),
-                 w=jnp.asarray(obs["w"]), prev_action=jnp.zeros(e, jnp.int32), prev_reward=jnp.zeros(e),
+    image = jnp.asarray(obs["image"])
+    return Actor(seed_index=jnp.asarray(seed_index, jnp.int32), env_state=env_state, image=image,
+                 kept=kept_in_replay(setup, args, env_state, image), w=jnp.asarray(obs["w"]),
+                 prev_action=jnp.zeros(e, jnp.int32), prev_reward=jnp.zeros(e),
                  first=jnp.ones(e, bool), rnn=jax.tree.map(lambda x: jnp.broadcast_to(x, (e,) + x.shape), initial),
                  epsilon=jax.random.choice(key, setup.epsilons, (e,)), episode_return=jnp.zeros(e),
                  episode_length=jnp.zeros(e, jnp.int32))
@@ -568,7 +599,7 @@ def init_train_state(setup: Setup, args: Args, key, actors: Actor) -> TrainState
 
 def current_step(actors: Actor) -> Step:
     """The step every env is at now, before it acts (action, reward and terminal are placeholders)."""
-    return Step(obs=actors.image, w=actors.w, prev_action=actors.prev_action, prev_reward=actors.prev_reward,
+    return Step(obs=actors.kept, w=actors.w, prev_action=actors.prev_action, prev_reward=actors.prev_reward,
                 first=actors.first, action=actors.prev_action, reward=actors.prev_reward, phi=jnp.zeros_like(actors.w),
                 terminal=jnp.zeros_like(actors.first))
 
@@ -609,7 +640,8 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     finished = {"done": done, "return": episode_return, "task": jnp.argmax(actors.w, -1),
                 "length": episode_length}
     actors = actors._replace(
-        env_state=env_state, image=image, w=w, prev_action=jnp.where(done, 0, action),
+        env_state=env_state, image=image, kept=kept_in_replay(setup, args, env_state, image), w=w,
+        prev_action=jnp.where(done, 0, action),
         prev_reward=jnp.where(done, 0.0, reward), first=done, rnn=rnn,
         epsilon=jnp.where(done, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),
         episode_return=jnp.where(done, 0.0, episode_return), episode_length=jnp.where(done, 0, episode_length))
@@ -619,11 +651,11 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
 def sgd_step(setup: Setup, args: Args, state: TrainState, key):
     """Sample a batch of sequences, take one Adam step, refresh their priorities, maybe copy the target."""
     sample = setup.buffer.sample(state.buffer, key)
+    batch = sample.experience._replace(steps=replay_frames(setup, sample.experience.steps))
     target_net = eqx.combine(state.target_params, setup.static)
 
     def loss_fn(params):
-        return batch_loss(eqx.combine(params, setup.static), target_net, sample.experience, sample.probabilities,
-                          args)
+        return batch_loss(eqx.combine(params, setup.static), target_net, batch, sample.probabilities, args)
 
     grads, (priorities, metrics) = jax.grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = setup.optimizer.update(grads, state.opt_state, state.params)
@@ -780,8 +812,10 @@ def main(args: Args) -> None:
         jnp.stack([jax.random.PRNGKey(s) for s in seeds]), actors)
     num_params = count_params(eqx.combine(jax.tree.map(lambda x: x[0], state.params), setup.static))
     paper = "1.66M" if not (args.entangled_psi or args.entangled_phi) else "not reported"
-    print(f"{method_name(args)} network: {num_params:,} parameters (paper: {paper}); replay "
-          f"{replay_bytes(args) / 2**30:.1f} GiB per seed", flush=True)
+    kept = "game states" if keeps_game_views(args) else "frames"
+    print(f"{method_name(args)} network: {num_params:,} parameters (paper: {paper}); replay of {kept}: "
+          f"{replay_bytes(args) / 2**30:.2f} GiB per seed (frames: {replay_bytes(args, frames=True) / 2**30:.2f} GiB)",
+          flush=True)
     if args.resume:
         state, _ = run.restore(state)
         if args.env_backend == "procgen":  # the host envs start new episodes (they are not in the checkpoint)

@@ -88,7 +88,8 @@ class Args(RunArgs):
     gamma: float = 0.99
     """discount"""
     replay_size: int | None = None
-    """replay capacity in sequences (default: 100k on BabyAI, 70k on Fruitbot: ~33 GiB of frames)"""
+    """replay capacity in sequences (default: 100k on BabyAI, 70k on Fruitbot: under 0.5 GiB of game states, ~33 GiB
+    of frames)"""
     min_replay_size: int | None = None
     """sequences in replay before learning starts (default: 100 on BabyAI, 10k on Fruitbot)"""
     samples_per_insert: float = 6.0
@@ -149,6 +150,10 @@ class Args(RunArgs):
     level every time, slower); procgen evaluates on unrestricted levels"""
     max_levels: int = fruitbot.MAX_LEVELS
     """Fruitbot: levels per episode (lifetime)"""
+    replay_frames: bool = False
+    """Fruitbot: keep each step's 64x64x3 frame in replay (12,288 bytes) instead of the JAX game's state it is drawn
+    from (38 bytes: GameView; the learner draws the frames of each sampled batch, the same pixels the actors saw); the
+    procgen backend and fresh training levels (--train-levels 0) have no such state and always keep frames"""
 
     # --- The original code's quirks (off: the method as the paper describes it; on: as the authors' code ran it) ---
     truncate_task_input: bool = False
@@ -240,6 +245,8 @@ def check_args(args: Args) -> None:
                 "plays stock hard or easy")
         require_non_negative(args, "eval_levels")
         require_positive(args, "max_levels")
+    require(args.env == "fruitbot" or not args.replay_frames, f"--replay-frames is a Fruitbot setting ({args.env} "
+                                                              f"replay keeps its small views)")
     require(args.value_transform in VALUE_TRANSFORMS, f"--value-transform must be one of "
                                                       f"{', '.join(VALUE_TRANSFORMS)}, got {args.value_transform!r}")
     require_positive(args, "num_seeds", "total_timesteps", "num_envs", "eval_episodes", "eval_every", "log_every",
@@ -261,11 +268,22 @@ PAPER_PARAMS = {"babyai": {"UVFA": "2.09M", "UVFA-FARM": "2.17M", "MVFA": "not r
                 "minihack": {"UVFA": "1.95M", "UVFA-FARM": "2.06M", "MVFA": "not reported; UVFA-FARM: 2.06M"}}
 
 
-def replay_bytes(args: Args) -> int:
-    """Memory replay takes per seed (Fruitbot: one 64x64x3 uint8 frame per step dominates; MiniHack: a crop of int16
-    tile indices)."""
-    obs = {"fruitbot": int(np.prod(fruitbot.IMAGE_SHAPE)), "minihack": 2 * minihack.CROP**2}.get(args.env, 75)
-    return args.replay_size * args.sequence_length * (obs + 4 * (fruitbot.TASK_DIM + 3) + 2)
+def keeps_game_views(args: Args) -> bool:
+    """Whether replay keeps Fruitbot's JAX game states (GameViews, drawn into frames by the learner), not frames."""
+    return args.env == "fruitbot" and not on_host(args) and args.train_levels > 0 and not args.replay_frames
+
+
+def replay_bytes(args: Args, frames: bool | None = None) -> int:
+    """Memory replay takes per seed: every step's observation (BabyAI's symbolic view; MiniHack's crop of int16 tile
+    indices; Fruitbot's GameView, or its 64x64x3 uint8 frame with frames or where replay keeps them) and its other
+    fields, and each sequence's recurrent state (h, c)."""
+    frames = not keeps_game_views(args) if frames is None else frames
+    fruitbot_obs = (int(np.prod(fruitbot.IMAGE_SHAPE)) if frames
+                    else fruitbot_jax.view_bytes(JAX_GAMES[args.distribution_mode]))
+    obs = {"fruitbot": fruitbot_obs, "minihack": 2 * minihack.CROP**2}.get(args.env, 75)
+    per_step = obs + 4 * (fruitbot.TASK_DIM + 4) + 2  # w, prev_action, prev_reward, action, reward; first, terminal
+    state = args.num_modules * args.module_size if args.farm or args.modular else args.lstm_size
+    return args.replay_size * (args.sequence_length * per_step + 2 * 4 * state)
 
 
 def method_name(args: Args) -> str:
@@ -347,7 +365,8 @@ def q_values(net, h, w):
 # =====================================================================================================================
 class Step(NamedTuple):
     obs: jax.Array  # BabyAI's symbolic view uint8 [5, 5, 3] or MiniHack's crop of tile indices int16 [9, 9]
-    #                 (rendered to RGB by the network's caller), or Fruitbot's frame uint8 [64, 64, 3]
+    #                 (rendered to RGB by the network's caller), or Fruitbot's frame uint8 [64, 64, 3] (in replay,
+    #                 the JAX game's GameView it is drawn from: replay_frames)
     w: jax.Array  # float32 [C], the task as the agent sees it
     prev_action: jax.Array  # int32
     prev_reward: jax.Array  # float32
@@ -362,6 +381,22 @@ class Sequence(NamedTuple):
     """A replay item: sequence_length steps and the recurrent state before the first (R2D2's stored state)."""
     steps: Step  # each field [T, ...]
     state: tuple  # (h, c): the recurrent state before steps[0] (reset there if steps.first[0])
+
+
+def kept_in_replay(setup, args: Args, env_state, image):
+    """What replay keeps of the envs' current observations: Fruitbot's JAX game states as GameViews
+    (keeps_game_views), or the observations themselves."""
+    if keeps_game_views(args):
+        return jax.vmap(setup.env.view, (0, None))(env_state, setup.env_params)
+    return image
+
+
+def replay_frames(setup, steps: Step) -> Step:
+    """A sampled batch's steps with Fruitbot's frames drawn from the GameViews replay keeps, in one batched render of
+    every step of every sequence (the online and the target unroll then read the same frames); others as they are."""
+    if not isinstance(steps.obs, fruitbot_jax.GameView):
+        return steps
+    return steps._replace(obs=setup.env.draw(steps.obs, setup.env_params))
 
 
 def reset_where(first, state, initial):
@@ -513,6 +548,7 @@ class Actor(NamedTuple):
     """Per-env acting state."""
     env_state: object  # JAX envs (BabyAI, Fruitbot): their states; host envs: the seed's index (envs live on the host)
     obs: Observation  # (image, w)
+    kept: object  # what replay keeps of obs.image (kept_in_replay): Fruitbot's GameViews, or obs.image
     prev_action: jax.Array
     prev_reward: jax.Array
     first: jax.Array
@@ -605,7 +641,8 @@ def fresh_actors(setup: Setup, args: Args, k_env, k_eps, seed_index: int = 0) ->
         obs, env_state = jax.vmap(setup.env.reset, (0, None))(jax.random.split(k_env, e), setup.env_params)
     shape = (args.num_modules, args.module_size) if args.farm or args.modular else (args.lstm_size,)
     initial = (jnp.zeros(shape),) * 2  # the core's initial (h, c)
-    return Actor(env_state=env_state, obs=obs, prev_action=jnp.zeros(e, jnp.int32), prev_reward=jnp.zeros(e),
+    return Actor(env_state=env_state, obs=obs, kept=kept_in_replay(setup, args, env_state, obs.image),
+                 prev_action=jnp.zeros(e, jnp.int32), prev_reward=jnp.zeros(e),
                  first=jnp.ones(e, bool), rnn=jax.tree.map(lambda x: jnp.broadcast_to(x, (e,) + x.shape), initial),
                  epsilon=jax.random.choice(k_eps, setup.epsilons, (e,)), episode_return=jnp.zeros(e),
                  episode_length=jnp.zeros(e, jnp.int32))
@@ -631,7 +668,7 @@ def init_train_state(setup: Setup, args: Args, key, actors: Actor | None = None)
 
 def current_step(actors: Actor) -> Step:
     """The step every env is at now, before it acts (action and reward are placeholders)."""
-    return Step(obs=actors.obs.image, w=actors.obs.w, prev_action=actors.prev_action, prev_reward=actors.prev_reward,
+    return Step(obs=actors.kept, w=actors.obs.w, prev_action=actors.prev_action, prev_reward=actors.prev_reward,
                 first=actors.first, action=actors.prev_action, reward=actors.prev_reward,
                 terminal=jnp.zeros_like(actors.first))
 
@@ -684,7 +721,8 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     finished = {"done": done, "return": episode_return, "task": jnp.argmax(actors.obs.w, -1),
                 "length": episode_length}
     actors = Actor(
-        env_state=env_state, obs=obs, prev_action=jnp.where(done, 0, action),
+        env_state=env_state, obs=obs, kept=kept_in_replay(setup, args, env_state, obs.image),
+        prev_action=jnp.where(done, 0, action),
         prev_reward=jnp.where(done, 0.0, reward), first=done, rnn=rnn,
         epsilon=jnp.where(done, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),
         episode_return=jnp.where(done, 0.0, episode_return),
@@ -695,11 +733,12 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
 def sgd_step(setup: Setup, args: Args, state: TrainState, key):
     """Sample a batch of sequences, take one Adam step, refresh their priorities, maybe copy the target."""
     sample = setup.buffer.sample(state.buffer, key)
+    batch = sample.experience._replace(steps=replay_frames(setup, sample.experience.steps))
     target_net = eqx.combine(state.target_params, setup.static)
 
     def loss_fn(params):
-        return batch_loss(eqx.combine(params, setup.static), target_net, setup.render,
-                          sample.experience, sample.probabilities, args)
+        return batch_loss(eqx.combine(params, setup.static), target_net, setup.render, batch, sample.probabilities,
+                          args)
 
     grads, (priorities, metrics) = jax.grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = setup.optimizer.update(grads, state.opt_state, state.params)
@@ -887,7 +926,9 @@ def main(args: Args) -> None:
         state = jax.vmap(lambda k: init_train_state(setup, args, k))(keys)
     num_params = count_params(eqx.combine(jax.tree.map(lambda x: x[0], state.params), setup.static))
     paper = PAPER_PARAMS[args.env][method_name(args)]
-    print(f"{method_name(args)} network: {num_params:,} parameters (paper: {paper})", flush=True)
+    states = f" of game states (frames: {replay_bytes(args, frames=True) / 2**30:.2f} GiB)"
+    print(f"{method_name(args)} network: {num_params:,} parameters (paper: {paper}); replay "
+          f"{replay_bytes(args) / 2**30:.2f} GiB per seed{states if keeps_game_views(args) else ''}", flush=True)
     if args.resume:
         state, _ = run.restore(state)
         if on_host(args):  # the host envs start new episodes (they are not in the checkpoint)

@@ -426,3 +426,58 @@ def test_the_paper_games_never_show_more_than_the_renderer_draws():
     print(f"\npaper levels: at most {int(tiled.max())} tiled and {int(others.max())} other slots in view "
           f"(render draws {limit})")
     assert int(tiled.max()) <= limit[0] and int(others.max()) <= limit[1] - 5
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Game views: the replay's compact items, drawn back into the frames the actors saw
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("config", ["paper", "stock-hard"])
+def test_frames_drawn_from_game_views_are_the_frames_the_actors_saw(config):
+    """Every observation of 32 envs over 240 steps of mixed play (and their first), drawn back from its GameView
+    alone and the level pool, is bit-identical to the frame the env rendered from its whole state. Lifetimes of 2
+    levels and half the agents started near the presents make the steps cross level completions, deaths, lifetime
+    ends and episode starts; in stock hard, keys fly and locked doors open."""
+    env = fj.FruitbotJax(config, max_levels=2)
+    tasks = fj.TRAIN_TASKS if config == "paper" else fj.TRAIN_TASKS[:1]
+    params = env.make_params(tasks, num_levels=16)
+    lay, n = fj.layout(env.config), 32
+    view = jax.vmap(env.view, (0, None))
+
+    @jax.jit
+    def run(key):
+        k_reset, k_y, key = jax.random.split(key, 3)
+        _, state = jax.vmap(env.reset_to, (0, 0, None))(jax.random.split(k_reset, n), jnp.arange(n) % len(tasks),
+                                                        params)
+        high = env.config.main_height - 1.41 - 6 * jax.random.uniform(k_y, (n,))  # near the presents
+        state = _edited(state, y=state.game.y.at[:, 0].set(jnp.where(jnp.arange(n) % 2 == 0, state.game.y[:, 0],
+                                                                      high)))
+        obs = jax.vmap(env.observe, (0, None))(state, params)
+
+        def step(state, key):
+            k_act, k_mix, k_env = jax.random.split(key, 3)
+            scripted = jax.vmap(lambda g: fj.gap_seeking_action(g, env.config))(state.game)
+            action = jnp.where(jax.random.uniform(k_mix, (n,)) < 0.7, scripted,
+                               jax.random.randint(k_act, (n,), 0, fj.NUM_ACTIONS))
+            obs, new, _, terminated, truncated, info = jax.vmap(env.step, (0, 0, 0, None))(
+                jax.random.split(k_env, n), state, action, params)
+            doors_open = (state.game.kind == fj.DOOR) & ~state.game.alive & jnp.take_along_axis(
+                params.pool.alive.reshape(-1, lay.size), view(state, params).level[:, None], 0)
+            return new, (obs.image, view(new, params), terminated | truncated, info["level_complete"],
+                         state.game.alive[:, lay.bullets:].any(-1), doors_open.any(-1))
+
+        first = (obs.image, view(state, params))
+        return first, jax.lax.scan(step, state, jax.random.split(key, 240))[1]
+
+    (first_frame, first_view), (frames, views, episode_end, complete, keys, doors) = run(jax.random.PRNGKey(0))
+    frames = np.concatenate([np.asarray(first_frame)[None], np.asarray(frames)])
+    views = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first_view, views)
+    drawn = np.asarray(jax.jit(env.draw)(views, params))
+    assert drawn.shape == frames.shape == (241, n, 64, 64, 3)
+    np.testing.assert_array_equal(drawn, frames)
+    episode_end, complete = np.asarray(episode_end), np.asarray(complete)
+    counts = (episode_end.sum(), (complete & ~episode_end).sum(), np.asarray(keys).sum(), np.asarray(doors).sum())
+    print(config, "lifetime ends, levels completed within a lifetime, steps with a key, with an open door:", counts)
+    assert counts[0] >= 10 and counts[1] >= 5  # lifetimes end, and levels end within them
+    assert np.asarray(keys).sum() > 0 or config == "paper"  # keys fly in stock hard (the paper's games have no doors)
+    assert np.asarray(doors).sum() > 0 or config == "paper"
+    assert views.alive.dtype == np.uint8 and views.alive.shape[-1] == -(-lay.size // 8)

@@ -567,6 +567,19 @@ def _render_batch(images: FrameImages, x, y, rx, ry, sprite, alive, background, 
                   special_rows)
 
 
+def render_batch(images: FrameImages, x, y, rx, ry, sprite, alive, background, main_width: int,
+                 main_height: int) -> jax.Array:
+    """render for a batch, called directly: x ... alive [B, N], background [B] -> uint8 [B, 64, 64, 3], the same
+    frames. Without render's custom_vmap, so that it can run where that cannot: in the learner's SGD step, inside a
+    conditional that a vmap over seeds turns into a select, which batches every value the custom_vmap closed over
+    (JAX refuses that). Vmapped, it batches as any JAX function does."""
+    _oob_offset(main_width), _view(main_width, main_height)  # unsupported sizes fail here, at trace time
+    return _render_batch(images, jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32),
+                         jnp.asarray(rx, jnp.float32), jnp.asarray(ry, jnp.float32), jnp.asarray(sprite, jnp.int32),
+                         jnp.asarray(alive, bool), jnp.asarray(background, jnp.int32), int(main_width),
+                         int(main_height))
+
+
 @functools.lru_cache(maxsize=None)
 def _renderer(main_width: int, main_height: int):
     """render for one level size: one env's frame, whose vmap (any depth) runs _render_batch on the whole batch."""

@@ -511,6 +511,7 @@ class EnvState(environment.EnvState):
     game: Game = None
     task: jax.Array = None  # int32: index into params.tasks
     levels: jax.Array = None  # int32: levels completed in this episode
+    level: jax.Array = None  # int32: the level's index in the task's pool (-1: a fresh level, num_levels = 0)
 
 
 @flax_struct.dataclass
@@ -524,6 +525,22 @@ class EnvParams(environment.EnvParams):
 class Observation(NamedTuple):
     image: jax.Array  # uint8 [64, 64, 3]
     w: jax.Array  # float32 [4]
+
+
+class GameView(NamedTuple):
+    """What a frame of a pool level needs beyond the level itself: 38 bytes in the paper's games (41 in stock hard)
+    instead of the frame's 12,288. Within a level only the agent and the keys move; walls, objects and presents stay
+    where the level put them and can only vanish, and a key slot, once alive, is always a key. So the pool's level,
+    these centres and the slots' alive bits give the frame exactly (FruitbotJax.draw; tests/test_fruitbot_jax.py
+    checks it frame by frame against the rendered states). Replay keeps these; the learner draws the frames."""
+    level: jax.Array  # int32: task * pool size + the level's index in the task's pool
+    xy: jax.Array  # float32 [1 + BULLET_SLOTS, 2]: the centres of the agent (slot 0) and the key slots
+    alive: jax.Array  # uint8 [ceil(slots / 8)]: every slot's alive bit (jnp.packbits order)
+
+
+def view_bytes(config: str) -> int:
+    """Bytes of one GameView of a config's levels: what replay keeps of an observation instead of its frame."""
+    return 4 + 4 * 2 * (1 + BULLET_SLOTS) + -(-layout(CONFIGS[config]).size // 8)
 
 
 @functools.lru_cache(maxsize=None)
@@ -587,15 +604,45 @@ class FruitbotJax(environment.Environment):
         return spaces.Dict({"image": spaces.Box(0, 255, IMAGE_SHAPE, jnp.uint8),
                             "w": spaces.Box(-1.0, 1.0, (TASK_DIM,), jnp.float32)})
 
-    def new_level(self, key, task, params: EnvParams) -> Game:
+    def new_level(self, key, task, params: EnvParams) -> tuple[Game, jax.Array]:
+        """A level of task `task` and its index in the task's pool (-1: generated fresh, with num_levels = 0)."""
         if params.pool.x.shape[1] == 0:
-            return generate_level(key, self.config, params.games, task)
+            return generate_level(key, self.config, params.games, task), jnp.full((), -1, jnp.int32)
         index = jax.random.randint(key, (), 0, params.pool.x.shape[1])
-        return jax.tree.map(lambda a: a[task, index], params.pool)
+        return jax.tree.map(lambda a: a[task, index], params.pool), index
 
     def render(self, game: Game) -> jax.Array:
         return frame.render(self.images, game.x, game.y, game.rx, game.ry, game.sprite, game.alive, game.background,
                             self.config.main_width, self.config.main_height)
+
+    def moving_slots(self) -> np.ndarray:
+        """The slots whose centres GameView keeps: the agent's and the keys'."""
+        bullets = layout(self.config).bullets
+        return np.array([0, *range(bullets, bullets + BULLET_SLOTS)])
+
+    def view(self, state: EnvState, params: EnvParams) -> GameView:
+        """The GameView of a state on a pool level (one env; vmap it). The pool's level must be where the state's
+        came from: a fresh level (num_levels = 0) has no view."""
+        slots = self.moving_slots()
+        return GameView(level=state.task * params.pool.x.shape[1] + state.level,
+                        xy=jnp.stack([state.game.x[slots], state.game.y[slots]], -1),
+                        alive=jnp.packbits(state.game.alive))
+
+    def draw(self, view: GameView, params: EnvParams) -> jax.Array:
+        """The frames uint8 [..., 64, 64, 3] of GameViews with any leading axes (replay's [batch, time]): each view's
+        pool level with the view's moving slots and alive bits, drawn as one flat batch by the batched renderer
+        (fruitbot_frame.render_batch: this runs in the learner's SGD step, where render's custom_vmap cannot)."""
+        lay, slots, keys = layout(self.config), self.moving_slots(), self.moving_slots()[1:]
+        lead = view.level.shape
+        flat = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[len(lead):]), view)
+        game = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:])[flat.level], params.pool)  # [M, N]
+        x, y = game.x.at[:, slots].set(flat.xy[..., 0]), game.y.at[:, slots].set(flat.xy[..., 1])
+        rx, ry = game.rx.at[:, keys].set(KEY_R), game.ry.at[:, keys].set(KEY_R)
+        sprite = game.sprite.at[:, keys].set(frame.KEY_SPRITE)
+        alive = jnp.unpackbits(flat.alive, axis=-1, count=lay.size).astype(bool)
+        frames = frame.render_batch(self.images, x, y, rx, ry, sprite, alive, game.background,
+                                    self.config.main_width, self.config.main_height)
+        return frames.reshape(lead + frames.shape[1:])
 
     def observe(self, state: EnvState, params: EnvParams) -> Observation:
         return Observation(self.render(state.game), params.tasks[state.task])
@@ -603,14 +650,16 @@ class FruitbotJax(environment.Environment):
     def reset_env(self, key, params: EnvParams):
         k_task, k_level = jax.random.split(key)
         task = jax.random.randint(k_task, (), 0, params.tasks.shape[0])
-        state = EnvState(game=self.new_level(k_level, task, params), task=task,
-                         levels=jnp.zeros((), jnp.int32), time=jnp.zeros((), jnp.int32))
+        game, level = self.new_level(k_level, task, params)
+        state = EnvState(game=game, task=task, levels=jnp.zeros((), jnp.int32), level=level,
+                         time=jnp.zeros((), jnp.int32))
         return self.observe(state, params), state
 
     def reset_to(self, key, task, params: EnvParams):
         """reset_env with the task given (params.tasks[task]) instead of drawn: evaluation pins one per env."""
-        state = EnvState(game=self.new_level(key, task, params), task=jnp.asarray(task, jnp.int32),
-                         levels=jnp.zeros((), jnp.int32), time=jnp.zeros((), jnp.int32))
+        game, level = self.new_level(key, task, params)
+        state = EnvState(game=game, task=jnp.asarray(task, jnp.int32), levels=jnp.zeros((), jnp.int32), level=level,
+                         time=jnp.zeros((), jnp.int32))
         return self.observe(state, params), state
 
     def reset(self, key, params: EnvParams | None = None):
@@ -633,9 +682,10 @@ class FruitbotJax(environment.Environment):
         final_image = self.render(game) if self.final_view else jnp.zeros(IMAGE_SHAPE, jnp.uint8)
         k_task, k_level = jax.random.split(key)
         task = jnp.where(episode_over, jax.random.randint(k_task, (), 0, params.tasks.shape[0]), state.task)
-        fresh = self.new_level(k_level, task, params)
+        fresh, fresh_level = self.new_level(k_level, task, params)
         game = jax.tree.map(lambda a, b: jnp.where(events.done, a, b), fresh, game)
         state = EnvState(game=game, task=task, levels=jnp.where(episode_over, 0, levels),
+                         level=jnp.where(events.done, fresh_level, state.level),
                          time=jnp.where(episode_over, 0, state.time + 1))
         info = {"phi": phi, "stock_reward": events.stock_reward, "level_complete": events.level_complete,
                 "levels": levels, "died": died, "timed_out": events.timed_out, "final_image": final_image, "w": w}
