@@ -13,8 +13,8 @@ chunk; --env-backend procgen steps stock procgen (hard or easy) on the host thro
 BabyAI: an episode is a lifetime of up to 4 levels (a barrier ends it as a termination, the per-level timeout is a
 masked truncation); the Impala torso; importance weights (exponent 0.6); GPI support from a flag.
 
-    python msfa_fruitbot.py --seed 3                 # the paper's Fruitbot settings (replay 70k sequences: 0.4 GiB)
-    python msfa_fruitbot.py --env-backend procgen --distribution-mode hard --replay-size 10000 --min-replay-size 1000
+    python msfa_fruitbot.py --seed 3                 # the paper's Fruitbot settings (replay of game states: 0.36 GiB)
+    python msfa_fruitbot.py --distribution-mode hard --env-backend procgen --replay-size 10000   # frames: 4.7 GiB
     python msfa_fruitbot.py --help                   # every option
 """
 

@@ -203,9 +203,10 @@ def check_args(args: Args) -> None:
 
 
 def replay_bytes(args: Args) -> int:
-    """Memory replay takes per seed: two int16 tile crops per step (the view and the final view) and scalars."""
+    """Memory replay takes per seed: two int16 tile crops per step (the view and the final view) and scalars, and
+    each sequence's recurrent state (h, c)."""
     per_step = 2 * 2 * CROP * CROP + 4 * (TRAIN_TASKS.shape[1] + 4) + 2
-    return args.replay_size * args.sequence_length * per_step
+    return args.replay_size * (args.sequence_length * per_step + 2 * 4 * args.num_modules * args.module_size)
 
 
 

@@ -8,8 +8,9 @@ Rows (ROWS, in the order a short budget runs them) time one SGD step (the gradie
 and Adam) for K vmapped seeds on random batches (random episode starts, tasks, rewards and stored states; three
 batches in turn), or, for `train_*`, a slice of msfa_babyai.py's real training loop (acting, insertion, SGD steps)
 reporting env steps/s per seed. The variants: the backend (--core-backend xla, pallas, pallas-bf16), K = 10 or 1
-seeds, UVFA-FARM and the Impala torso's scripts (Fruitbot, MiniHack), the kernels' block sizes and warps, and XLA
-flags (command buffers for whole loops).
+seeds, UVFA-FARM and the Impala torso's scripts (Fruitbot, MiniHack), Fruitbot's SGD step drawing its batch's frames
+from replay's game states (fruitbot_states_*, msfa_fruitbot.py's default) against reading stored frames
+(fruitbot_*), the kernels' block sizes and warps, and XLA flags (command buffers for whole loops).
 
 Rows with the same XLA_FLAGS share one process (one import; each row compiles its own program); each set of flags
 runs in its own process, so that a flag this XLA does not know fails those rows only, with its message. A row that
@@ -45,10 +46,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PROBLEMS = {  # name: (script module, its settings, env)
     "msfa_babyai": ("msfa_babyai", {}, "babyai"),
     "uvfa-farm_babyai": ("uvfa", {"farm": True}, "babyai"),
-    "msfa_fruitbot": ("msfa_fruitbot", {}, "fruitbot"),
+    "msfa_fruitbot": ("msfa_fruitbot", {}, "fruitbot"),  # frames read from replay (--replay-frames)
+    "msfa_fruitbot_states": ("msfa_fruitbot", {}, "fruitbot-states"),  # frames drawn from replay's game states
     "msfa_minihack": ("msfa_minihack", {}, "minihack"),
 }
-TASK_DIMS = {"babyai": 4, "fruitbot": 4, "minihack": 3}
+TASK_DIMS = {"babyai": 4, "fruitbot": 4, "fruitbot-states": 4, "minihack": 3}
 COMMAND_BUFFERS = ("--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL "
                    "--xla_gpu_graph_min_graph_size=1")
 """XLA:GPU records whole loops (WHILE) and custom calls into CUDA graphs (flag names change between XLA versions: an
@@ -78,6 +80,7 @@ ROWS = [
     Row("xla_k1", seeds=1), Row("pallas_k1", "pallas", seeds=1),
     Row("uvfa-farm_xla", problem="uvfa-farm_babyai"), Row("uvfa-farm_pallas", "pallas", problem="uvfa-farm_babyai"),
     Row("fruitbot_xla", problem="msfa_fruitbot"), Row("fruitbot_pallas", "pallas", problem="msfa_fruitbot"),
+    Row("fruitbot_states_xla", problem="msfa_fruitbot_states"),
     Row("minihack_xla", problem="msfa_minihack"), Row("minihack_pallas", "pallas", problem="msfa_minihack"),
     Row("pallas_block16", "pallas", kernel=(("block", 16),)),
     Row("pallas_lstm_columns256", "pallas", kernel=(("lstm_columns", 256),)),
@@ -186,10 +189,29 @@ def hlo_stats(text: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- random input
-def random_batch(script, args, env: str, key, batch: int | None = None):
+def random_views(setup, key, shape: tuple):
+    """Fruitbot GameViews [*shape] of random training levels, the agent and the keys anywhere in the level and a tenth
+    of the level's slots gone (what the learner draws frames from)."""
+    import jax
+    import jax.numpy as jnp
+
+    from common.envs.fruitbot_jax import GameView
+
+    config, pool = setup.env.config, setup.env_params.pool
+    levels = pool.x.shape[0] * pool.x.shape[1]
+    k = jax.random.split(key, 3)
+    level = jax.random.randint(k[0], shape, 0, levels)
+    size = jnp.array([config.main_width, config.main_height], jnp.float32)
+    xy = 0.4 + jax.random.uniform(k[1], shape + (3, 2)) * (size - 0.8)
+    alive = pool.alive.reshape(levels, -1)[level] & (jax.random.uniform(k[2], shape + (pool.alive.shape[-1],)) > 0.1)
+    return GameView(level, xy, jnp.packbits(alive, axis=-1))
+
+
+def random_batch(script, args, env: str, key, batch: int | None = None, setup=None):
     """Random sequences of a script's own types: episodes start at random steps (a fifth of them, the first step
     included), some ending by termination; a random task per sequence, random rewards, pickups and stored states.
-    Observations: BabyAI's symbolic views, Fruitbot's frames, MiniHack's tile-index crops."""
+    Observations: BabyAI's symbolic views, Fruitbot's frames (or GameViews: env fruitbot-states, with the script's
+    setup), MiniHack's tile-index crops."""
     import jax
     import jax.numpy as jnp
 
@@ -205,6 +227,8 @@ def random_batch(script, args, env: str, key, batch: int | None = None):
             return jax.random.randint(key, (b, t, 5, 5, 3), 0, 7).astype(jnp.uint8)
         if env == "fruitbot":
             return jax.random.randint(key, (b, t, 64, 64, 3), 0, 256).astype(jnp.uint8)
+        if env == "fruitbot-states":
+            return random_views(setup, key, (b, t))
         from common.envs.minihack import tile_set
 
         return jax.random.randint(key, (b, t, 9, 9), 0, len(tile_set()[0])).astype(jnp.int16)
@@ -222,7 +246,8 @@ def random_batch(script, args, env: str, key, batch: int | None = None):
         terminal=jnp.concatenate([first[:, 1:] & (jax.random.uniform(k[10], (b, t - 1)) < 0.5),
                                   jnp.zeros((b, 1), bool)], axis=1),
     )
-    if not (env == "minihack" or getattr(script, "keeps_final_view", lambda a: False)(args)):
+    if env == "fruitbot-states" or not (env == "minihack" or getattr(script, "keeps_final_view",
+                                                                       lambda a: False)(args)):
         fields["final_obs"] = jnp.zeros((b, t, 0), jnp.uint8)
     steps = script.Step(**{name: fields[name] for name in script.Step._fields})
     state = jax.tree.map(lambda x: 0.5 * jax.random.normal(k[11], (b,) + x.shape), net.core.initial_state())
@@ -233,7 +258,8 @@ def random_batch(script, args, env: str, key, batch: int | None = None):
 TINY = dict(num_envs=4, sequence_period=8, sequence_length=9, replay_size=64, min_replay_size=8, batch_size=4,
             samples_per_insert=2.0, num_modules=2, module_size=16, attention_heads=1)
 TINY_HEADS = {"msfa_babyai": dict(psi_hidden=(8,), phi_hidden=(8,)), "msfa_fruitbot": dict(psi_hidden=(8,),
-              phi_hidden=(8,)), "msfa_minihack": dict(psi_hidden=(8,), phi_hidden=(8,)),
+              phi_hidden=(8,)), "msfa_fruitbot_states": dict(psi_hidden=(8,), phi_hidden=(8,), train_levels=8),
+              "msfa_minihack": dict(psi_hidden=(8,), phi_hidden=(8,)),
               "uvfa-farm_babyai": dict(q_hidden=(8,), lstm_size=16)}
 
 
@@ -276,7 +302,8 @@ def run_sgd_row(row: Row, bench: Args) -> dict:
     nets = jax.vmap(lambda key: eqx.filter(script.make_network(args, key), eqx.is_inexact_array))(keys)
     targets = jax.vmap(lambda key: eqx.filter(script.make_network(args, key), eqx.is_inexact_array))(keys + 1)
     static = eqx.partition(script.make_network(args, jax.random.PRNGKey(0)), eqx.is_inexact_array)[1]
-    batches = [jax.vmap(lambda key: random_batch(script, args, env, key))(
+    setup = script.make_setup(args) if env == "fruitbot-states" else None  # the level pool frames are drawn from
+    batches = [jax.vmap(lambda key: random_batch(script, args, env, key, setup=setup))(
         jnp.stack([jax.random.PRNGKey(1_000 * i + s) for s in range(k)])) for i in range(3)]
     probabilities = jax.random.uniform(jax.random.PRNGKey(7), (k, args.batch_size), minval=0.01, maxval=0.1)
     render = ()
@@ -288,6 +315,9 @@ def run_sgd_row(row: Row, bench: Args) -> dict:
                             optax.adam(args.learning_rate, eps=args.adam_eps))
 
     def update(params, opt_state, target_params, batch, probabilities):
+        if setup is not None:  # the frames drawn from the game states, as the script's sgd_step does
+            batch = batch._replace(steps=script.replay_frames(setup, batch.steps))
+
         def loss(params):
             return script.batch_loss(eqx.combine(params, static), eqx.combine(target_params, static), *render,
                                      batch, probabilities, args)
@@ -521,6 +551,13 @@ def report(results: list[dict], bench: Args) -> dict:
             f"{r['ms_max']}) | {r['ops_per_call']} | {loops} | {fmt(r.get('grad_diff'))} | "
             f"{fmt(r.get('priority_diff'))} | {r['learner_minutes']} | {'yes' if r['exact'] else 'NO'} | ok |")
     ok = [r for r in results if r["status"] == "ok"]
+    for r in ok:  # drawing Fruitbot's frames from replay's game states against reading stored frames
+        frames = next((f for f in ok if r["problem"] == "msfa_fruitbot_states" and f["problem"] == "msfa_fruitbot"
+                       and (f["backend"], f["seeds"], f["xla_flags"], f["kernel"]) == (
+                           r["backend"], r["seeds"], r["xla_flags"], r["kernel"])), None)
+        if frames is not None:
+            say(f"\nFruitbot's SGD step ({r['backend']}, {r['seeds']} seeds): {r['ms']} ms drawing the batch's frames "
+                f"from game states, {frames['ms']} ms reading stored frames: ratio {r['ms'] / frames['ms']:.2f}")
     say(f"\nProjected protocol minutes per method ({bench.seeds} seeds; the learner's SGD steps alone, or the whole "
         "loop from a training-loop row):")
     for problem in PROBLEMS:

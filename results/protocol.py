@@ -17,8 +17,9 @@ reward-prediction table, the cumulants' quality), into OUT_DIR/<method>/analysis
 device and, per method, the env steps reached, the share of the protocol, the wall time and the exit status. Figures
 and tables: `python -m results.plot OUT_DIR/<method>` and `python -m results.summarize OUT_DIR/*/`.
 
-Memory: one method's runs hold --seeds replays (docs/scale.md gives the bytes per seed); for Fruitbot, whose replay of
-frames dominates, the seeds default to as many as fit the device (at most 10).
+Memory: one method's runs hold --seeds replays (docs/scale.md gives the bytes per seed); for Fruitbot the seeds default
+to as many as fit the device by each script's replay_bytes (at most 10: a replay of game states, 0.33-0.39 GiB per
+seed, lets all 10 fit; one of frames, with --extra "--replay-frames", 33 GiB per seed, 1 on an 80 GB GPU).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ HOST_ENVS = ("minihack",)
 ANALYSES = ("babyai",)
 """envs results.analyze plays (GotoAvoid)"""
 FIT_SEEDS = ("fruitbot",)
-"""envs whose replay (64x64x3 frames) limits the seeds a device holds"""
+"""envs whose replay may limit the seeds a device holds (Fruitbot's, where it keeps 64x64x3 frames)"""
 PAPER_SEEDS = 10
 REPLAY_SHARE = 0.7
 """share of a device's memory one method's replays may take (the rest: the learner's activations, parameters,

@@ -49,3 +49,23 @@ def test_the_sgd_variants_command_runs_its_rows_and_survives_an_unknown_xla_flag
     assert "fastest exact backend here" in done.stdout and "| custom |" in done.stdout
     assert {p.name for p in out.iterdir()} == {"results.json", "sgd_variants.log", "hlo_xla.txt.gz",
                                                "hlo_pallas.txt.gz"}
+
+
+def test_the_sgd_variants_fruitbot_rows_time_drawing_against_stored_frames():
+    """The fruitbot_states rows' batch holds the script's GameViews of its own level pool, and the step they time
+    draws frames from them as msfa_fruitbot.py's sgd_step does (traced, not run; the fruitbot rows read frames)."""
+    import dataclasses
+
+    from benchmarks import sgd_variants
+    from common.envs.fruitbot_jax import GameView
+
+    bench = sgd_variants.Args(tiny=True)
+    script, args = sgd_variants.script_args(sgd_variants.Row("s", problem="msfa_fruitbot_states"), bench)
+    args = dataclasses.replace(args, train_levels=4)
+    setup = script.make_setup(args)
+    batch = sgd_variants.random_batch(script, args, "fruitbot-states", jax.random.PRNGKey(0), setup=setup)
+    assert isinstance(batch.steps.obs, GameView) and batch.steps.obs.level.shape == (args.batch_size,
+                                                                                     args.sequence_length)
+    steps = jax.eval_shape(lambda s: script.replay_frames(setup, s), batch.steps)
+    assert steps.obs.shape == (args.batch_size, args.sequence_length, 64, 64, 3)
+    assert "fruitbot_states_xla" in {r.name for r in sgd_variants.ROWS}

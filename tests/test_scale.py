@@ -212,14 +212,18 @@ def test_fruitbots_seed_count_fits_the_device_memory():
 
 
 def test_a_fruitbot_seed_count_that_cannot_fit_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
-    """On a (fake) device allowing 60 GiB, the scripts' own replay sizes at the paper's settings (33 GiB per seed of
-    frames) leave room for one seed: --seeds 2 is refused with one line, before any folder is made."""
+    """On a (fake) device allowing 60 GiB, the scripts' own replay sizes at the paper's settings: their replays of game
+    states (at most 0.39 GiB per seed) let the paper's 10 seeds fit; replays of frames (--extra "--replay-frames", 33
+    GiB per seed) leave room for one, and --seeds 2 is refused with one line, before any folder is made."""
     import common.envs.fruitbot  # noqa: F401  (procgen imports gym, whose banner on stderr is not the line checked)
 
     monkeypatch.setattr(protocol, "device_memory_limit", lambda: 60 * GIB)
+    assert protocol.resolve(protocol.Args(str(tmp_path / "states"), env="fruitbot")).seeds == 10
+    assert protocol.replay_bytes_per_seed(protocol.resolve(protocol.Args(str(tmp_path / "s"), env="fruitbot"))) < (
+        0.4 * GIB)
     with pytest.raises(SystemExit) as exit_info:
-        protocol.main(protocol.Args(str(tmp_path / "out"), env="fruitbot", seeds=2))
+        protocol.main(protocol.Args(str(tmp_path / "out"), env="fruitbot", seeds=2, extra="--replay-frames"))
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(err) == 1, err
-    assert "--seeds 2 does not fit: 33.0 GiB of replay per seed allows at most 1" in err[0]
+    assert "--seeds 2 does not fit: 33.1 GiB of replay per seed allows at most 1" in err[0]
     assert not (tmp_path / "out").exists()

@@ -27,6 +27,11 @@ observation returned with an ending step is the next episode's first. Training l
 generated once (procgen's num_levels=200: the paper trained on level seeds 0..199); `num_levels=0` generates a
 fresh level at every level start (evaluation, procgen's unrestricted levels).
 
+Replay of game states: a frame is a function of the game state, and within a pool level only the agent and the keys
+move, so `GameView` (the level's index in the pool, the agent's and keys' centres, every slot's alive bit: 38 bytes)
+and the pool give the frame exactly (`FruitbotJax.view`, `FruitbotJax.draw`); the training scripts keep these in
+replay instead of 12,288-byte frames and draw each sampled batch's frames in the SGD step.
+
 Procgen's random stream cannot be matched (mt19937 inside C++); the generator follows procgen's rules and its
 distributions are tested against procgen's levels (tests/test_fruitbot_jax.py). The dynamics are tested against
 procgen state by state: a procgen state is loaded (`game_from_procgen`), both step with the same action, and the
