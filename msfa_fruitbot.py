@@ -305,12 +305,10 @@ class Sequence(NamedTuple):
     state: tuple  # (h, c): the recurrent state before steps[0] (reset there if steps.first[0])
 
 
-def kept_in_replay(setup, args: Args, env_state, image):
-    """What replay keeps of the envs' current observations: the JAX game's GameViews (keeps_game_views), or the
-    frames themselves."""
-    if keeps_game_views(args):
-        return jax.vmap(setup.env.view, (0, None))(env_state, setup.env_params)
-    return image
+def kept_in_replay(setup, args: Args, env_state):
+    """What replay keeps instead of the envs' current frames: the JAX game's GameViews (keeps_game_views), or None
+    (replay keeps the frames)."""
+    return jax.vmap(setup.env.view, (0, None))(env_state, setup.env_params) if keeps_game_views(args) else None
 
 
 def replay_frames(setup, steps: Step) -> Step:
@@ -499,7 +497,7 @@ class Actor(NamedTuple):
     seed_index: jax.Array  # which seed's envs these are (the procgen backend's callback steps envs[seed_index])
     env_state: object  # the JAX envs' states [E] (None with procgen: its games live on the host)
     image: jax.Array  # the frames the envs show now
-    kept: object  # what replay keeps of them (kept_in_replay): GameViews, or the frames
+    kept: object  # what replay keeps instead of them (kept_in_replay): GameViews, or None (the frames themselves)
     w: jax.Array
     prev_action: jax.Array
     prev_reward: jax.Array
@@ -575,7 +573,7 @@ def fresh_actors(setup: Setup, args: Args, seed_index: int, key) -> Actor:
     initial = (jnp.zeros((args.num_modules, args.module_size)),) * 2  # FARM's initial (h, c)
     image = jnp.asarray(obs["image"])
     return Actor(seed_index=jnp.asarray(seed_index, jnp.int32), env_state=env_state, image=image,
-                 kept=kept_in_replay(setup, args, env_state, image), w=jnp.asarray(obs["w"]),
+                 kept=kept_in_replay(setup, args, env_state), w=jnp.asarray(obs["w"]),
                  prev_action=jnp.zeros(e, jnp.int32), prev_reward=jnp.zeros(e),
                  first=jnp.ones(e, bool), rnn=jax.tree.map(lambda x: jnp.broadcast_to(x, (e,) + x.shape), initial),
                  epsilon=jax.random.choice(key, setup.epsilons, (e,)), episode_return=jnp.zeros(e),
@@ -599,9 +597,9 @@ def init_train_state(setup: Setup, args: Args, key, actors: Actor) -> TrainState
 
 def current_step(actors: Actor) -> Step:
     """The step every env is at now, before it acts (action, reward and terminal are placeholders)."""
-    return Step(obs=actors.kept, w=actors.w, prev_action=actors.prev_action, prev_reward=actors.prev_reward,
-                first=actors.first, action=actors.prev_action, reward=actors.prev_reward, phi=jnp.zeros_like(actors.w),
-                terminal=jnp.zeros_like(actors.first))
+    return Step(obs=actors.image if actors.kept is None else actors.kept, w=actors.w, prev_action=actors.prev_action,
+                prev_reward=actors.prev_reward, first=actors.first, action=actors.prev_action,
+                reward=actors.prev_reward, phi=jnp.zeros_like(actors.w), terminal=jnp.zeros_like(actors.first))
 
 
 def make_sequences(steps: Step, actors: Actor, start_rnn) -> Sequence:
@@ -640,7 +638,7 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     finished = {"done": done, "return": episode_return, "task": jnp.argmax(actors.w, -1),
                 "length": episode_length}
     actors = actors._replace(
-        env_state=env_state, image=image, kept=kept_in_replay(setup, args, env_state, image), w=w,
+        env_state=env_state, image=image, kept=kept_in_replay(setup, args, env_state), w=w,
         prev_action=jnp.where(done, 0, action),
         prev_reward=jnp.where(done, 0.0, reward), first=done, rnn=rnn,
         epsilon=jnp.where(done, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),

@@ -363,12 +363,10 @@ class Sequence(NamedTuple):
     state: tuple  # (h, c): the recurrent state before steps[0] (reset there if steps.first[0])
 
 
-def kept_in_replay(setup, args: Args, env_state, image):
-    """What replay keeps of the envs' current observations: Fruitbot's JAX game states as GameViews
-    (keeps_game_views), or the observations themselves."""
-    if keeps_game_views(args):
-        return jax.vmap(setup.env.view, (0, None))(env_state, setup.env_params)
-    return image
+def kept_in_replay(setup, args: Args, env_state):
+    """What replay keeps instead of the envs' current observations: Fruitbot's JAX game states as GameViews
+    (keeps_game_views), or None (replay keeps the observations)."""
+    return jax.vmap(setup.env.view, (0, None))(env_state, setup.env_params) if keeps_game_views(args) else None
 
 
 def replay_frames(setup, steps: Step) -> Step:
@@ -602,7 +600,7 @@ class Actor(NamedTuple):
     """Per-env acting state."""
     env_state: object  # JAX envs (BabyAI, Fruitbot): their states; host envs: the seed's index (envs live on the host)
     obs: Observation  # (image, w)
-    kept: object  # what replay keeps of obs.image (kept_in_replay): Fruitbot's GameViews, or obs.image
+    kept: object  # what replay keeps instead of obs.image (kept_in_replay): Fruitbot's GameViews, or None
     prev_action: jax.Array
     prev_reward: jax.Array
     first: jax.Array
@@ -695,7 +693,7 @@ def fresh_actors(setup: Setup, args: Args, k_env, k_eps, seed_index: int = 0) ->
     else:
         obs, env_state = jax.vmap(setup.env.reset, (0, None))(jax.random.split(k_env, e), setup.env_params)
     initial = (jnp.zeros(args.lstm_size),) * 2  # the LSTM's initial (h, c)
-    return Actor(env_state=env_state, obs=obs, kept=kept_in_replay(setup, args, env_state, obs.image),
+    return Actor(env_state=env_state, obs=obs, kept=kept_in_replay(setup, args, env_state),
                  prev_action=jnp.zeros(e, jnp.int32), prev_reward=jnp.zeros(e),
                  first=jnp.ones(e, bool), rnn=jax.tree.map(lambda x: jnp.broadcast_to(x, (e,) + x.shape), initial),
                  epsilon=jax.random.choice(k_eps, setup.epsilons, (e,)), episode_return=jnp.zeros(e),
@@ -722,8 +720,9 @@ def init_train_state(setup: Setup, args: Args, key, actors: Actor | None = None)
 
 def current_step(actors: Actor, args: Args) -> Step:
     """The step every env is at now, before it acts (action and reward are placeholders)."""
-    return Step(obs=actors.kept, w=actors.obs.w, prev_action=actors.prev_action, prev_reward=actors.prev_reward,
-                first=actors.first, action=actors.prev_action, reward=actors.prev_reward,
+    return Step(obs=actors.obs.image if actors.kept is None else actors.kept, w=actors.obs.w,
+                prev_action=actors.prev_action, prev_reward=actors.prev_reward, first=actors.first,
+                action=actors.prev_action, reward=actors.prev_reward,
                 phi=jnp.zeros_like(actors.obs.w),
                 final_obs=jnp.zeros(actors.obs.image.shape if keeps_final_view(args) else actors.prev_action.shape
                                     + (0,), actors.obs.image.dtype), terminal=jnp.zeros_like(actors.first))
@@ -790,7 +789,7 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     finished = {"done": done, "return": episode_return, "task": jnp.argmax(actors.obs.w, -1),
                 "length": episode_length}
     actors = Actor(
-        env_state=env_state, obs=obs, kept=kept_in_replay(setup, args, env_state, obs.image),
+        env_state=env_state, obs=obs, kept=kept_in_replay(setup, args, env_state),
         prev_action=jnp.where(done, 0, action),
         prev_reward=jnp.where(done, 0.0, reward), first=done, rnn=rnn,
         epsilon=jnp.where(done, jax.random.choice(k_eps, setup.epsilons, (e,)), actors.epsilon),

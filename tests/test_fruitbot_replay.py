@@ -3,12 +3,15 @@ frame) in msfa_fruitbot.py, usfa.py and uvfa.py: the frames the learner draws fr
 saw, a run keeping game states learns exactly as the same run keeping frames, replay_bytes is what the buffer holds,
 and a run resumed from its checkpoint (replay of game states included) continues exactly.
 
-Each script runs the same tiny program twice, keeping game states and keeping frames (--replay-frames), two jitted
-chunks of 8 iterations each: 4 envs x 8 steps an iteration, learning from the second iteration on (one SGD step an
-iteration), so 15 SGD steps are compared. The 64 sequences in replay cover the paper game's deaths, lifetime ends and
-episode starts (lifetimes of one level, 128 steps per env); tests/test_fruitbot_jax.py checks the drawing over longer
-play, level completions within a lifetime, and stock hard's keys and doors."""
+Each script runs a tiny program keeping game states, two jitted chunks of 8 iterations each: 4 envs x 8 steps an
+iteration, learning from the second iteration on (one SGD step an iteration), 15 SGD steps. msfa_fruitbot.py also
+runs it keeping frames (--replay-frames), and the two runs are compared step by step (usfa.py and uvfa.py draw with the
+same code and the same FruitbotJax.draw; a second compile of each would double this file's time in CI). The 64
+sequences in replay cover the paper game's deaths, lifetime ends and episode starts (lifetimes of one level, 128 steps
+per env); tests/test_fruitbot_jax.py checks the drawing over longer play, level completions within a lifetime, and
+stock hard's keys and doors."""
 
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -47,14 +50,18 @@ def first_state(script, args):
     return setup, jax.tree.map(lambda x: x[None], state)
 
 
-@pytest.fixture(scope="module", params=sorted(SCRIPTS))
-def runs(request, tmp_path_factory):
-    """Per replay kind (game states, frames): args, setup, the state after two chunks and both chunks' metrics; and
-    the game-state run's checkpoint after its first chunk."""
-    script, tiny = SCRIPTS[request.param]
-    checkpoint = tmp_path_factory.mktemp(request.param) / "checkpoint.eqx"
+RUNS = {}
+
+
+def run_script(name, tmp_path_factory):
+    """Per replay kind (game states; frames too for msfa_fruitbot.py): args, setup, the state after two chunks and
+    both chunks' metrics; and the game-state run's checkpoint after its first chunk. Run once per script."""
+    if name in RUNS:
+        return RUNS[name]
+    script, tiny = SCRIPTS[name]
+    checkpoint = tmp_path_factory.mktemp(name) / "checkpoint.eqx"
     out = {}
-    for kind in ("states", "frames"):
+    for kind in ("states", "frames") if script is msfa_fruitbot else ("states",):
         args = script.Args(**tiny | dict(replay_frames=kind == "frames"))
         setup, state = first_state(script, args)
         chunk = script.make_train_chunk(setup, args, ITERATIONS)
@@ -64,20 +71,47 @@ def runs(request, tmp_path_factory):
         state, second = chunk(state)
         out[kind] = dict(args=args, setup=setup, state=state, chunk=chunk,
                          metrics=jax.tree.map(lambda a, b: np.concatenate([a, b], 1), first, second))
-    return script, out, checkpoint
+    RUNS[name] = script, out, checkpoint
+    return RUNS[name]
+
+
+@pytest.fixture(scope="module", params=sorted(SCRIPTS))
+def runs(request, tmp_path_factory):
+    return run_script(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def msfa_runs(tmp_path_factory):
+    """msfa_fruitbot.py's runs, both replay kinds."""
+    return run_script("msfa", tmp_path_factory)
 
 
 def test_the_replay_kinds(runs):
     script, out, _ = runs
-    assert script.keeps_game_views(out["states"]["args"]) and not script.keeps_game_views(out["frames"]["args"])
+    args = out["states"]["args"]
+    assert script.keeps_game_views(args) and not script.keeps_game_views(dataclasses.replace(args, replay_frames=True))
     assert isinstance(out["states"]["state"].buffer.experience.steps.obs, fruitbot_jax.GameView)
-    assert out["frames"]["state"].buffer.experience.steps.obs.dtype == jnp.uint8
+    if "frames" in out:
+        assert out["frames"]["state"].buffer.experience.steps.obs.dtype == jnp.uint8
 
 
-def test_frames_drawn_from_replay_are_the_frames_the_actors_saw(runs):
+def test_the_last_steps_in_replay_draw_the_frames_the_actors_see(runs):
+    """The sequences inserted last end with the step every env is at now: drawn from replay, each is the frame the
+    actor acts on next."""
+    script, out, _ = runs
+    run = out["states"]
+    actors, steps = run["state"].actors, run["state"].buffer.experience.steps
+    image = actors.image if script is msfa_fruitbot else actors.obs.image  # [seeds, envs, 64, 64, 3]
+    n = RUN["num_envs"]
+    last = jax.tree.map(lambda a: a[0, 0, -n:, -1], steps.obs)  # the 64-sequence replay is full: the last n inserted
+    np.testing.assert_array_equal(np.asarray(run["setup"].env.draw(last, run["setup"].env_params)),
+                                  np.asarray(image[0]))
+
+
+def test_frames_drawn_from_replay_are_the_frames_the_actors_saw(msfa_runs):
     """Every step of every sequence in replay: the frame drawn from the game-state run's GameView equals, bit for bit,
     the frame the frame run stored (the same actors, acting on the same frames), and every other field is equal."""
-    script, out, _ = runs
+    script, out, _ = msfa_runs
     states, frames = out["states"]["state"].buffer.experience, out["frames"]["state"].buffer.experience
     filled = 2 * ITERATIONS * RUN["num_envs"]
     views = jax.tree.map(lambda a: a[0, 0, :filled], states.steps.obs)  # [seeds, 1, capacity, time, ...]
@@ -93,15 +127,14 @@ def test_frames_drawn_from_replay_are_the_frames_the_actors_saw(runs):
     assert len(np.unique(levels)) > 1  # several tasks' pools
 
 
-def test_a_run_keeping_game_states_learns_exactly_as_one_keeping_frames(runs):
+def test_a_run_keeping_game_states_learns_exactly_as_one_keeping_frames(msfa_runs):
     """The same seed's losses, Q means and gradient norms at every SGD step (every loss the script reports), and the
     final parameters, are equal."""
-    script, out, _ = runs
+    script, out, _ = msfa_runs
     a, b = out["states"]["metrics"], out["frames"]["metrics"]
     learning = np.asarray(a["learning"])[0] > 0
     assert learning.sum() == 2 * ITERATIONS - 1
-    names = script.loss_names(out["states"]["args"]) if script is usfa else script.LOSS_NAMES
-    for name in names:
+    for name in script.LOSS_NAMES:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
         assert np.all(np.asarray(a[name])[0, learning] != 0), name
     for x, y in zip(jax.tree.leaves(out["states"]["state"].params), jax.tree.leaves(out["frames"]["state"].params)):
@@ -112,10 +145,11 @@ def test_replay_bytes_is_what_the_buffer_holds(runs):
     """The script's replay_bytes (printed at start, used by results.protocol to fit seeds) against the replay's
     arrays, for both kinds."""
     script, out, _ = runs
-    for kind in ("states", "frames"):
+    for kind in out:
         held = sum(x.nbytes for x in jax.tree.leaves(out[kind]["state"].buffer.experience))
         assert script.replay_bytes(out[kind]["args"]) == held, kind
-    assert script.replay_bytes(out["states"]["args"], frames=True) == script.replay_bytes(out["frames"]["args"])
+    if "frames" in out:
+        assert script.replay_bytes(out["states"]["args"], frames=True) == script.replay_bytes(out["frames"]["args"])
 
 
 def test_a_resumed_run_continues_exactly(runs):
