@@ -202,7 +202,7 @@ def random_views(setup, key, shape: tuple):
     k = jax.random.split(key, 3)
     level = jax.random.randint(k[0], shape, 0, levels)
     size = jnp.array([config.main_width, config.main_height], jnp.float32)
-    xy = 0.4 + jax.random.uniform(k[1], shape + (3, 2)) * (size - 0.8)
+    xy = 0.4 + jax.random.uniform(k[1], shape + (len(setup.env.moving_slots()), 2)) * (size - 0.8)
     alive = pool.alive.reshape(levels, -1)[level] & (jax.random.uniform(k[2], shape + (pool.alive.shape[-1],)) > 0.1)
     return GameView(level, xy, jnp.packbits(alive, axis=-1))
 

@@ -103,7 +103,8 @@ def test_the_last_steps_in_replay_draw_the_frames_the_actors_see(runs):
     actors, steps = run["state"].actors, run["state"].buffer.experience.steps
     image = actors.image if script is msfa_fruitbot else actors.obs.image  # [seeds, envs, 64, 64, 3]
     n = RUN["num_envs"]
-    last = jax.tree.map(lambda a: a[0, 0, -n:, -1], steps.obs)  # the 64-sequence replay is full: the last n inserted
+    assert bool(run["state"].buffer.is_full[0]) and int(run["state"].buffer.current_index[0]) == 0  # wrapped exactly
+    last = jax.tree.map(lambda a: a[0, 0, -n:, -1], steps.obs)  # so the last n sequences inserted are at the end
     np.testing.assert_array_equal(np.asarray(run["setup"].env.draw(last, run["setup"].env_params)),
                                   np.asarray(image[0]))
 

@@ -637,7 +637,8 @@ class FruitbotJax(environment.Environment):
         """The frames uint8 [..., 64, 64, 3] of GameViews with any leading axes (replay's [batch, time]): each view's
         pool level with the view's moving slots and alive bits, drawn as one flat batch by the batched renderer
         (fruitbot_frame.render_batch: this runs in the learner's SGD step, where render's custom_vmap cannot)."""
-        lay, slots, keys = layout(self.config), self.moving_slots(), self.moving_slots()[1:]
+        lay, slots = layout(self.config), self.moving_slots()
+        keys = slots[1:]
         lead = view.level.shape
         flat = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[len(lead):]), view)
         game = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:])[flat.level], params.pool)  # [M, N]
