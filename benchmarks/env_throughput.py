@@ -1,7 +1,7 @@
 """Env steps/s of the jitted, vmapped JAX envs against their reference implementations, in one run on one machine.
 
 BabyAI (`--env babyai`): JAX GotoAvoid against its minigrid twin. Fruitbot (`--env fruitbot`): common/envs/fruitbot_jax.py
-(frames included) against raw procgen (ProcgenGym3Env, its own threads) and the procgen host env the scripts used
+(frames included) against raw procgen (ProcgenGym3Env, its own threads, timed in its own environment) and the procgen host env the scripts used
 before (common.envs.fruitbot.Fruitbot: cumulants read from procgen's state), and the env's share of msfa_fruitbot.py's
 jitted training iteration (the iteration's time against the same env steps alone).
 
@@ -110,27 +110,26 @@ def twin_steps_per_second(mode: str, steps: int, repeats: int, seed: int) -> flo
 
 
 def procgen_steps_per_second(num_envs: int, steps: int, repeats: int, seed: int, host_env: bool = False) -> float:
-    """Raw procgen Fruitbot (hard, random actions, num_threads 2), or with host_env the procgen env the scripts
-    step through io_callback (common.envs.fruitbot.Fruitbot, exact cumulants from the game's state)."""
-    from procgen import ProcgenGym3Env
-
+    """Raw procgen Fruitbot (hard, random actions, num_threads 2), timed inside procgen's own environment
+    (common/envs/procgen_env.py), or with host_env the procgen env the scripts step through io_callback
+    (common.envs.fruitbot.Fruitbot: exact cumulants from the game's state; its procgen answers over a pipe)."""
+    from common.envs import procgen_env
     from common.envs.fruitbot import Fruitbot
 
+    if not host_env:
+        options = dict(num=num_envs, env_name="fruitbot", distribution_mode="hard", num_levels=200, rand_seed=seed,
+                       num_threads=2)
+        times = procgen_env.server().call("time_random_play", options, steps, repeats, seed)
+        return num_envs * steps / float(np.median(times))
     rng = np.random.default_rng(seed)
-    if host_env:
-        env = Fruitbot(num_envs, seed=seed)
-        env.reset()
-        act = lambda a: env.step(a)  # noqa: E731
-    else:
-        env = ProcgenGym3Env(num=num_envs, env_name="fruitbot", distribution_mode="hard", num_levels=200,
-                             rand_seed=seed, num_threads=2)
-        act = lambda a: (env.act(a), env.observe())  # noqa: E731
+    env = Fruitbot(num_envs, seed=seed)
+    env.reset()
     times = []
     for _ in range(repeats):
         actions = rng.integers(0, 15, (steps, num_envs)).astype(np.int32)
         start = time.perf_counter()
         for a in actions:
-            act(a)
+            env.step(a)
         times.append(time.perf_counter() - start)
     env.close()
     return num_envs * steps / float(np.median(times))

@@ -20,7 +20,7 @@ def set_level_timeout(env: Fruitbot, i: int, steps: int) -> None:
     layout = StateLayout(bytes(state))
     now = layout.step_field(bytes(state), CUR_TIME_FIELD)
     struct.pack_into("<i", state, layout.step_fields + 4 * TIMEOUT_FIELD, now + steps)
-    env.game.call_c_func("set_state", i, bytes(state), len(state))
+    env.game.set_state(i, bytes(state))
     env._cache(i)
 
 

@@ -33,8 +33,8 @@ import pytest
 
 from common.envs import fruitbot_frame as ff
 from common.envs.fruitbot import ENTITY_FIELDS, WORLD_WIDTH, StateLayout, gap_seeking_action
+from common.envs.procgen_env import ProcgenEnv
 
-procgen = pytest.importorskip("procgen")
 
 MAIN_WIDTH = {"hard": 20, "easy": 10}
 MAIN_HEIGHT = 60
@@ -67,17 +67,17 @@ def parse(state: bytes) -> dict:
 def play(mode: str, seed: int, steps: int = STEPS) -> tuple[dict, np.ndarray]:
     """Frames of random play (envs 0-3) and gap-seeking play with 10% random actions (4-7): render's inputs
     (arrays with a leading frame axis) and procgen's observations, every EVERY steps of `steps`."""
-    env = procgen.ProcgenGym3Env(num=NUM_ENVS, env_name="fruitbot", distribution_mode=mode, num_levels=0,
-                                 start_level=0, rand_seed=seed)
+    env = ProcgenEnv(num=NUM_ENVS, env_name="fruitbot", distribution_mode=mode, num_levels=0, start_level=0,
+                     rand_seed=seed)
     rng = np.random.default_rng(seed)
     inputs, observations = [], []
-    states = env.callmethod("get_state")
+    states = env.get_states()
     for t in range(steps):
         seek = np.array([gap_seeking_action(s, WORLD_WIDTH[mode]) for s in states[NUM_ENVS // 2:]])
         actions = rng.integers(0, 15, NUM_ENVS)
         actions[NUM_ENVS // 2:] = np.where(rng.random(NUM_ENVS // 2) < 0.1, actions[NUM_ENVS // 2:], seek)
         env.act(actions.astype(np.int32))
-        states = env.callmethod("get_state")
+        states = env.get_states()
         if t % EVERY == 0:  # a step that ended a level shows the next level: its state and frame both do
             observations.append(env.observe()[1]["rgb"])
             inputs += [parse(s) for s in states]

@@ -25,8 +25,8 @@ import pytest
 
 from common.envs import fruitbot as fb
 from common.envs import fruitbot_jax as fj
+from common.envs.procgen_env import ProcgenEnv
 
-procgen = pytest.importorskip("procgen")
 
 STEPS_PER_MODE = {"hard": 340, "easy": 340}  # x 16 envs: 5,440 states per mode, 10,880 in all
 NUM_ENVS = 16
@@ -39,22 +39,20 @@ def _set_field(state: bytes, offset: int, fmt: str, value) -> bytes:
 
 
 class ProcgenStates:
-    """A ProcgenGym3Env of stock Fruitbot whose states can be read, edited and written."""
+    """Stock Fruitbot in procgen (its own environment: common/envs/procgen_env.py), whose states can be read, edited
+    and written."""
 
     def __init__(self, mode: str, num: int, seed: int):
-        self.env = procgen.ProcgenGym3Env(num=num, env_name="fruitbot", distribution_mode=mode, num_levels=0,
-                                          start_level=0, rand_seed=seed)
-        self.scratch = procgen.ProcgenGym3Env(num=1, env_name="fruitbot", distribution_mode=mode, num_levels=0,
-                                              start_level=0, rand_seed=seed)
-        self.buffer = self.env._ffi.new(f"char[{fb.STATE_BUFFER_BYTES}]")
+        options = dict(env_name="fruitbot", distribution_mode=mode, num_levels=0, start_level=0, rand_seed=seed)
+        self.env = ProcgenEnv(num=num, **options)
+        self.scratch = ProcgenEnv(num=1, **options)
         self.num = num
 
     def get(self, env, i: int) -> bytes:
-        n = env.call_c_func("get_state", i, self.buffer, fb.STATE_BUFFER_BYTES)
-        return bytes(env._ffi.buffer(self.buffer, n))
+        return env.get_state(i)
 
     def put(self, env, i: int, state: bytes):
-        env.call_c_func("set_state", i, state, len(state))
+        env.set_state(i, state)
 
     def replay(self, state: bytes, action: int) -> bytes:
         """The state right after `action`, with nothing that could end the level (the terminal step's own view)."""

@@ -35,6 +35,7 @@ import struct
 
 import numpy as np
 
+from common.envs.procgen_env import ProcgenEnv, require_procgen  # noqa: F401  (the scripts' check)
 from common.run import exit_on_config_error, format_task, require
 
 NUM_ACTIONS = 15  # procgen's full action set: 9 moves (only left/none/right matter here), fire, and 5 no-ops
@@ -57,7 +58,6 @@ NUM_THEMES = 6
 NUM_TYPES = 2 * NUM_THEMES  # fruit themes 0-5, then food themes 0-5
 TYPE_CATEGORY = np.repeat(np.arange(TASK_DIM), NUM_TYPES // TASK_DIM)  # type index -> category
 TYPE_STOCK_REWARD = np.array([FRUIT_REWARD] * NUM_THEMES + [FOOD_REWARD] * NUM_THEMES)
-STATE_BUFFER_BYTES = 1 << 20
 
 
 class CumulantError(RuntimeError):
@@ -152,15 +152,11 @@ class Fruitbot:
         # replays run from the last state read: read one at least every cache_every steps to keep them short (they
         # run at every level end when the final view is asked for, otherwise about once in 200 level ends)
         self.cache_every = cache_every or (8 if final_view else 256)
-        # imported here, not at the top: the module's constants and state layout need no procgen (usfa.py and uvfa.py
-        # import this module for every env, also on machines without procgen)
-        from procgen import ProcgenGym3Env
-
+        # procgen's games run in its own Python environment (common/envs/procgen_env.py: it needs numpy < 2)
         options = dict(env_name="fruitbot", distribution_mode=distribution_mode, num_levels=num_levels,
                        start_level=start_level, num_threads=num_threads)
-        self.game = ProcgenGym3Env(num=num_envs, rand_seed=seed, **options)
-        self.scratch = ProcgenGym3Env(num=1, rand_seed=seed, **options)  # replays the steps that end a level
-        self.buffer = self.game._ffi.new(f"char[{STATE_BUFFER_BYTES}]")
+        self.game = ProcgenEnv(num=num_envs, rand_seed=seed, **options)
+        self.scratch = ProcgenEnv(num=1, rand_seed=seed, **options)  # replays the steps that end a level
         self.rng = np.random.default_rng(seed)
         # evaluation pins a task to each env (task_of_env[i] indexes tasks); training draws one per episode
         self.task_of_env = None if task_of_env is None else np.asarray(task_of_env)
@@ -171,10 +167,9 @@ class Fruitbot:
         self.no_final_image.flags.writeable = False
 
     # -- serialized state ---------------------------------------------------------------------------------------------
-    def get_state(self, env, i: int) -> bytes:
-        n = env.call_c_func("get_state", i, self.buffer, STATE_BUFFER_BYTES)
+    def get_state(self, env: ProcgenEnv, i: int) -> bytes:
         self.stats["state_reads"] += 1
-        return bytes(env._ffi.buffer(self.buffer, n))
+        return env.get_state(i)
 
     def _cache(self, i: int):
         """Remember env i's state now: the counts to diff against, and where its log of actions since restarts."""
@@ -188,7 +183,7 @@ class Fruitbot:
         """Env i's per-type counts and frame right after `action` ended its level, replayed from its cached state."""
         self.stats["replays"] += 1
         state = neutralised(self.state[i])
-        self.scratch.call_c_func("set_state", 0, state, len(state))
+        self.scratch.set_state(0, state)
         for a in [*self.log[i, : self.since[i]], action]:
             self.scratch.act(np.array([a], np.int32))
         after = self.get_state(self.scratch, 0)

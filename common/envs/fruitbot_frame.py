@@ -1,7 +1,7 @@
 """Fruitbot's 64x64 frame, drawn inside the jitted program from procgen's own images.
 
-The sprites and backgrounds are read at start-up from the installed procgen package's data folder (never copied into
-this repository). Sprite ids below index `SPRITE_FILES`; `common.envs.fruitbot_jax` stores one sprite id per entity.
+The sprites and backgrounds are procgen's (MIT licence), read at start-up from the copies taken once from stock procgen's
+own environment (`python -m common.envs.procgen_env setup`; not committed). Sprite ids below index `SPRITE_FILES`; `common.envs.fruitbot_jax` stores one sprite id per entity.
 """
 
 from __future__ import annotations
@@ -28,12 +28,10 @@ BACKGROUND_FILES = ["topdown_backgrounds/floortiles.png"] + [
 
 
 def asset_dir() -> str:
-    """The installed procgen package's image folder."""
-    try:
-        import procgen
-    except ImportError as error:
-        raise SystemExit("Fruitbot's images come from the procgen package: pip install -r requirements.txt") from error
-    return os.path.join(os.path.dirname(procgen.__file__), "data", "assets")
+    """The folder of procgen's images (copied once from stock procgen's own environment: common/envs/procgen_env.py)."""
+    from common.envs import procgen_env
+
+    return str(procgen_env.image_dir(SPRITE_FILES + BACKGROUND_FILES))
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,10 +39,7 @@ def load_image(name: str) -> np.ndarray:
     """One of procgen's images as an RGBA uint8 array [height, width, 4]."""
     from PIL import Image
 
-    path = os.path.join(asset_dir(), name)
-    if not os.path.exists(path):
-        raise SystemExit(f"procgen's image {path} is missing: reinstall procgen (pip install -r requirements.txt)")
-    return np.asarray(Image.open(path).convert("RGBA"))
+    return np.asarray(Image.open(os.path.join(asset_dir(), name)).convert("RGBA"))
 
 
 @functools.lru_cache(maxsize=None)
