@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from common.farm import BACKENDS, FarmCore, default_backend
+from common.farm import FarmCore
 from common.envs import fruitbot, fruitbot_jax
 from common.envs.fruitbot import IMAGE_SHAPE, MAX_LEVELS, NUM_ACTIONS, TEST_TASKS, TRAIN_LEVELS, TRAIN_TASKS, Fruitbot
 from common.envs.host import play_first_episodes
@@ -159,9 +159,10 @@ class Args(RunArgs):
     log_every: int = 2_560
     """env steps (per seed) between progress lines and metrics rows"""
     core_backend: str | None = None
-    """speed only: how FARM's recurrence is computed: xla (common/farm.py's step in a lax.scan), pallas (the same
-    function as fused GPU kernels, common/farm_pallas.py), pallas-bf16 (those with the LSTMs' weight in bfloat16:
-    not exact); default: the fastest measured on this device kind (docs/learner_speed.md)"""
+    """speed only: how FARM's recurrence is computed (common/farm.py): plain (FARM.step in a lax.scan: the
+    definition), fused (the same function arranged for speed, common/farm_fast.py), pallas (that as GPU kernels,
+    common/farm_pallas.py), pallas-bf16 (those with the LSTMs' weight in bfloat16: not exact); default: the fastest
+    measured on this device kind, plain for an edited FARM (docs/learner_speed.md)"""
 
 
 def check_args(args: Args) -> None:
@@ -171,8 +172,7 @@ def check_args(args: Args) -> None:
                      "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
                      "num_modules", "attention_heads", "projection_dim", "learning_rate", "adam_eps", "max_grad_norm",
                      "epsilon_base", "samples_per_insert")
-    require(args.core_backend in (None, *BACKENDS),
-            f"--core-backend must be one of {', '.join(BACKENDS)}, got {args.core_backend}")
+    FarmCore.backend_to_run(args.core_backend)  # one of BACKENDS, and a fast one only for common/farm.py's FARM
     require_non_negative(args, "q_coeff", "sf_coeff", "phi_coeff", "seed", "importance_exponent")
     require(all(x > 0 for x in args.psi_hidden + args.phi_hidden), "--psi-hidden and --phi-hidden sizes must be "
                                                                    "positive")
@@ -185,6 +185,8 @@ def check_args(args: Args) -> None:
     require(args.env_backend == "jax" or args.distribution_mode != "paper",
             "--distribution-mode paper (the original's per-task games) runs only with --env-backend jax; procgen "
             "plays stock hard or easy")
+    if args.env_backend == "procgen":
+        fruitbot.require_procgen("--env-backend procgen")
     require_non_negative(args, "eval_levels")
     require(args.gpi_support in GPI_SUPPORTS,
             f"--gpi-support must be one of {', '.join(GPI_SUPPORTS)}, got {args.gpi_support!r}")
@@ -244,7 +246,7 @@ class MSFANetwork(eqx.Module):
         n, d = args.num_modules, args.module_size
         per_module = task_dim // n
         self.core = FarmCore(NUM_ACTIONS, n, d, args.attention_heads, args.projection_dim, k_core, torso="impala",
-                             backend=args.core_backend or default_backend())
+                             backend=args.core_backend)
         if args.entangled_psi:
             self.psi_mlp = MLP((n * d + task_dim, *args.psi_hidden, NUM_ACTIONS * task_dim), k_psi)
         else:

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from common.farm import BACKENDS, FarmCore, default_backend
+from common.farm import FarmCore
 from common.envs.minihack import (CROP, NUM_ACTIONS, ROOM_SIZES, TEST_TASKS, TRAIN_LEVELS, TRAIN_TASKS,
                              make_rooms, render, step_in_jit, tile_set)
 from common.envs.host import play_first_episodes
@@ -170,9 +170,10 @@ class Args(RunArgs):
     ALSO_SAFE_TO_CHANGE: ClassVar[tuple[str, ...]] = ("env_workers",)
     """--resume may change these too (common.run.safe_to_change): the same episodes, stepped by more processes"""
     core_backend: str | None = None
-    """speed only: how FARM's recurrence is computed: xla (common/farm.py's step in a lax.scan), pallas (the same
-    function as fused GPU kernels, common/farm_pallas.py), pallas-bf16 (those with the LSTMs' weight in bfloat16:
-    not exact); default: the fastest measured on this device kind (docs/learner_speed.md)"""
+    """speed only: how FARM's recurrence is computed (common/farm.py): plain (FARM.step in a lax.scan: the
+    definition), fused (the same function arranged for speed, common/farm_fast.py), pallas (that as GPU kernels,
+    common/farm_pallas.py), pallas-bf16 (those with the LSTMs' weight in bfloat16: not exact); default: the fastest
+    measured on this device kind, plain for an edited FARM (docs/learner_speed.md)"""
 
 
 PAPER_STEPS = {"5x5": 3_000_000, "15x15": 5_000_000}
@@ -188,8 +189,7 @@ def check_args(args: Args) -> None:
                      "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
                      "num_modules", "attention_heads", "projection_dim", "learning_rate", "adam_eps", "max_grad_norm",
                      "epsilon_base", "samples_per_insert", "env_workers")
-    require(args.core_backend in (None, *BACKENDS),
-            f"--core-backend must be one of {', '.join(BACKENDS)}, got {args.core_backend}")
+    FarmCore.backend_to_run(args.core_backend)  # one of BACKENDS, and a fast one only for common/farm.py's FARM
     require_non_negative(args, "q_coeff", "sf_coeff", "phi_coeff", "seed", "importance_exponent")
     require(all(x > 0 for x in args.psi_hidden + args.phi_hidden), "--psi-hidden and --phi-hidden sizes must be "
                                                                    "positive")
@@ -244,7 +244,7 @@ class MSFANetwork(eqx.Module):
         n, d = args.num_modules, args.module_size
         per_module = task_dim // n
         self.core = FarmCore(NUM_ACTIONS, n, d, args.attention_heads, args.projection_dim, k_core, torso="impala",
-                             backend=args.core_backend or default_backend())
+                             backend=args.core_backend)
         if args.entangled_psi:
             self.psi_mlp = MLP((n * d + task_dim, *args.psi_hidden, NUM_ACTIONS * task_dim), k_psi)
         else:
@@ -313,12 +313,10 @@ def reset_where(first, state, initial):
     return jax.tree.map(pick, state, initial)
 
 
-TILE_IMAGES = jnp.asarray(tile_set()[0])  # MiniHack's tile images [num_tiles, 16, 16, 3]
-
-
 def see(core, tiles):
-    """The torso's map [8, 8, 32] of a crop: the paper's 64x64x3 image, drawn from the tile indices."""
-    return core.torso(render(tiles, TILE_IMAGES))
+    """The torso's map [8, 8, 32] of a crop: the paper's 64x64x3 image, drawn from the tile indices with MiniHack's
+    tile images [num_tiles, 16, 16, 3] (read from NLE's package when first traced, not at import)."""
+    return core.torso(render(tiles, jnp.asarray(tile_set()[0])))
 
 
 def core_step(core, tiles, prev_action, prev_reward, state):

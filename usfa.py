@@ -243,6 +243,8 @@ def check_args(args: Args) -> None:
         require(args.env_backend == "jax" or args.distribution_mode != "paper",
                 "--distribution-mode paper (the original's per-task games) runs only with --env-backend jax; procgen "
                 "plays stock hard or easy")
+        if args.env_backend == "procgen":
+            fruitbot.require_procgen("--env-backend procgen")
         require_non_negative(args, "eval_levels")
         require_positive(args, "max_levels")
     require(args.env == "fruitbot" or not args.replay_frames, f"--replay-frames is a Fruitbot setting ({args.env} "

@@ -46,7 +46,7 @@ from jax.experimental import io_callback
 from common.envs import babyai, fruitbot, fruitbot_jax, minihack
 from common.envs.babyai import EnvParams, GotoAvoid, Observation, make_params
 from common.envs.host import play_first_episodes
-from common.farm import BACKENDS, FarmCore, apply_per_module, default_backend
+from common.farm import FarmCore, apply_per_module
 from common.networks import MLP, LSTMCore, count_params, oar_vector
 from common.run import (RunArgs, RunDir, check_replay_args, check_replay_memory, check_run_args, eval_rows,
                         exit_on_config_error, format_task, parse_args, require, require_non_negative, require_positive,
@@ -185,9 +185,10 @@ class Args(RunArgs):
     ALSO_SAFE_TO_CHANGE: ClassVar[tuple[str, ...]] = ("env_workers",)
     """--resume may change these too (common.run.safe_to_change): the same episodes, stepped by more processes"""
     core_backend: str | None = None
-    """speed only: how FARM's recurrence is computed: xla (common/farm.py's step in a lax.scan), pallas (the same
-    function as fused GPU kernels, common/farm_pallas.py), pallas-bf16 (those with the LSTMs' weight in bfloat16:
-    not exact); default: the fastest measured on this device kind (docs/learner_speed.md)"""
+    """speed only: how FARM's recurrence is computed (common/farm.py): plain (FARM.step in a lax.scan: the
+    definition), fused (the same function arranged for speed, common/farm_fast.py), pallas (that as GPU kernels,
+    common/farm_pallas.py), pallas-bf16 (those with the LSTMs' weight in bfloat16: not exact); default: the fastest
+    measured on this device kind, plain for an edited FARM (docs/learner_speed.md)"""
 
 
 PAPER_SETTINGS = {
@@ -243,6 +244,8 @@ def check_args(args: Args) -> None:
         require(args.env_backend == "jax" or args.distribution_mode != "paper",
                 "--distribution-mode paper (the original's per-task games) runs only with --env-backend jax; procgen "
                 "plays stock hard or easy")
+        if args.env_backend == "procgen":
+            fruitbot.require_procgen("--env-backend procgen")
         require_non_negative(args, "eval_levels")
         require_positive(args, "max_levels")
     require(args.env == "fruitbot" or not args.replay_frames, f"--replay-frames is a Fruitbot setting ({args.env} "
@@ -253,8 +256,7 @@ def check_args(args: Args) -> None:
                      "n_step", "replay_size", "batch_size", "target_update_period", "sequence_period", "num_epsilons",
                      "lstm_size", "num_modules", "module_size", "attention_heads", "projection_dim", "learning_rate",
                      "adam_eps", "max_grad_norm", "epsilon_base", "samples_per_insert")
-    require(args.core_backend in (None, *BACKENDS),
-            f"--core-backend must be one of {', '.join(BACKENDS)}, got {args.core_backend}")
+    FarmCore.backend_to_run(args.core_backend)  # one of BACKENDS, and a fast one only for common/farm.py's FARM
     require_non_negative(args, "seed", "importance_exponent")
     require(all(x > 0 for x in args.q_hidden), f"--q-hidden sizes must be positive, got {args.q_hidden}")
     task_dim = env_module(args).TRAIN_TASKS.shape[1]
@@ -331,7 +333,7 @@ class UVFANetwork(eqx.Module):
         if args.farm or args.modular:
             n, d = args.num_modules, args.module_size
             self.core = FarmCore(num_actions, n, d, args.attention_heads, args.projection_dim, k_core, torso=torso,
-                                 backend=args.core_backend or default_backend())
+                                 backend=args.core_backend)
             state_size = n * d
         else:
             self.core = LSTMCore(num_actions, args.lstm_size, k_core, torso=torso)

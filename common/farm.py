@@ -1,42 +1,44 @@
-"""FARM (Carvalho et al., 2021) as the MSFA paper uses it: n state modules that each attend to the image feature map
-and share information with each other through gated attention, each updated by its own LSTM.
+"""FARM, Feature-Attending Recurrent Modules (Carvalho et al., 2021), as the MSFA paper uses it: n state modules that
+each attend to the image feature map with their own gate, share information through gated attention over each
+other's states, and are each updated by their own LSTM.
 
-Per step, module k with previous state (h^k, c^k) of size d:
-1. query q_k = [h^k; onehot(a_prev); tanh(r_prev)];
-2. feature attention: z_k = flatten(Mix(Project(X) * sigmoid(Gate_k(q_k)))), with Project and Mix 1x1 convolutions
-   shared by the modules and Gate_k specific to module k;
-3. inter-module attention: q_k attends over the keys/values of [h^1; ...; h^n; 0] (the zero row lets a module take
-   "no information"), heads of size d, logits / sqrt(d); the read m_k enters through a sigmoid-tanh gate:
-   u_k = q_k + sigmoid(W_g m_k - b_g) * tanh(W_o m_k);
-4. (h^k, c^k) = LSTM_k([u_k; z_k], (h^k, c^k)), module-specific parameters.
-Module-specific layers are stored stacked along a leading module axis.
+This file is the definition: `FARM` holds the four parts of one step as four methods, in the paper's order, and
+`FARM.step` composes them. To try another part (say, another inter-module attention), copy this file next to your
+script, edit that one method and import your copy's `FarmCore`: the copy trains with the `plain` backend below.
 
-How a step is computed (the same function, arranged for speed). A learner unrolls FARM over 41 steps of a sequence,
-and on a GPU each step is a chain of small dependent kernels whose launch latency, not arithmetic, sets the time.
-So the step is split in two:
-- `inputs`: everything that does not read the module states (Project(X); the previous action and reward's share of
-  the queries and of the module gates), computed for a whole sequence at once, outside the recurrence;
-- `step`: what does read them, with every linear map of h (queries, keys, values, the n module gates) in one matmul,
-  W_g and W_o in one matmul, the attention over n + 1 rows as element-wise products and sums, and the n LSTMs as one
-  batched matmul.
-The parameters are the layers above, unchanged (checkpoints written before this arrangement load as they are);
-`weights` gathers their fused views once per unroll. `FARM.__call__` (one step, for acting) runs the same two parts.
+Per step t, module k with previous state (h^k, c^k) of size d, the torso's map X_t and v_t = [onehot(a_{t-1});
+tanh(r_{t-1})]:
+  1. query                    q_k = [h^k; v_t]
+  2. feature attention        z_k = flatten(Mix(Project(X_t) * sigmoid(Gate_k(q_k))))
+  3. inter-module attention   m_k = the heads' attention of q_k over [h^1; ...; h^n; 0]
+                              u_k = q_k + sigmoid(W_g m_k - b_g) * tanh(W_o m_k)
+  4. module LSTMs             (h^k, c^k) = LSTM_k([u_k; z_k], (h^k, c^k))
+Gate_k and LSTM_k belong to module k (stacked along a leading module axis); Project, Mix and the attention's maps are
+shared by the modules (the original: modules/farm.py, modules/relational.py; docs/msfa.md).
 
-`FarmCore.unroll` runs `step` in a lax.scan (the `xla` backend, the definition) or, with `backend="pallas"`, the same
-function as fused GPU kernels, three per step each way (common/farm_pallas.py); tests hold the two equal.
+How the recurrence is computed (`FarmCore`'s backend; the same function every way, tests/test_farm_fast.py):
+- `plain`: `FARM.step` in a lax.scan, this file as it reads;
+- `fused`: common/farm_fast.py, the same step arranged for speed: what does not read the states is computed for
+  a whole sequence before the loop, the linear maps of h are packed into one matmul, and the backward pass emits the
+  per-step cotangents and forms the big weights' gradients as one contraction after the loop;
+- `pallas`, `pallas-bf16`: common/farm_pallas.py, that arrangement as fused GPU kernels (bf16: the LSTMs' weight in
+  bfloat16, not exact).
+The default is the fastest measured on the device kind (`FASTEST_MEASURED`), for this file's FARM; a FARM whose
+source differs from this file's (an edited copy) runs `plain`, since the fast forms compute this file's function.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from typing import NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from common import farm_pallas
+from common import farm_fast, farm_pallas
 from common.networks import TORSOS, DQNTorso, ImpalaTorso, LSTMCell, linear
+from common.run.errors import ConfigError
 
 
 def apply_per_module(stacked, xs):
@@ -44,179 +46,185 @@ def apply_per_module(stacked, xs):
     return eqx.filter_vmap(lambda layer, x: layer(x))(stacked, xs)
 
 
-class FarmInputs(NamedTuple):
-    """The part of a FARM step that does not depend on the module states (each field may carry leading axes, e.g.
-    the steps of a sequence)."""
-    pixels: jax.Array  # [HW, P]: Project(X), the image map's pixels projected
-    query: jax.Array  # [H d]: the query's bias and the share of [onehot(a_prev); tanh(r_prev)]
-    gate: jax.Array  # [n, P]: each module's gate bias and share of the same vector
-    vector: jax.Array  # [V]: [onehot(a_prev); tanh(r_prev)], the query's tail
-
-
-class FarmWeights(NamedTuple):
-    """Fused views of the parameters that the recurrence reads, built once per unroll."""
-    state: jax.Array  # [d, 3 H d + n P]: h -> (query, key, value, every module's gate), one matmul
-    read: jax.Array  # [H d, 2 Q]: the attention read -> (W_g m, W_o m), one matmul
-
-
 class FARM(eqx.Module):
-    gate: eqx.nn.Linear  # per module: query -> feature gate (stacked)
-    project: eqx.nn.Linear  # shared 1x1 conv: channels -> projection
-    mix: eqx.nn.Linear  # shared 1x1 conv: projection -> projection
-    query: eqx.nn.Linear
-    key: eqx.nn.Linear
-    value: eqx.nn.Linear
-    w_gate: eqx.nn.Linear
-    w_out: eqx.nn.Linear
-    b_gate: jax.Array
-    lstm: LSTMCell  # per module (stacked)
+    gate: eqx.nn.Linear  # 2. Gate_k: q_k -> P, module k's own (stacked over modules)
+    project: eqx.nn.Linear  # 2. Project: a 1x1 convolution of the map, channels -> P (shared)
+    mix: eqx.nn.Linear  # 2. Mix: a 1x1 convolution P -> P (shared)
+    query: eqx.nn.Linear  # 3. q_k -> the heads' queries (shared)
+    key: eqx.nn.Linear  # 3. a memory row -> the heads' keys (shared)
+    value: eqx.nn.Linear  # 3. a memory row -> the heads' values (shared)
+    w_gate: eqx.nn.Linear  # 3. W_g: the read -> the gate (no bias)
+    w_out: eqx.nn.Linear  # 3. W_o: the read -> what the gate lets through (no bias)
+    b_gate: jax.Array  # 3. b_g, the gate's bias (starts at 1: the gate starts mostly closed)
+    lstm: LSTMCell  # 4. LSTM_k, module k's own (stacked over modules)
     num_modules: int = eqx.field(static=True)
     module_size: int = eqx.field(static=True)
     num_heads: int = eqx.field(static=True)
 
-    def __init__(
-        self,
-        num_modules: int,
-        module_size: int,
-        num_heads: int,
-        channels: int,
-        num_pixels: int,
-        vector_size: int,
-        projection: int,
-        key,
-    ):
-        """vector_size: the non-image input shared by all modules (here onehot(a_prev) and tanh(r_prev))."""
+    def __init__(self, num_modules: int, module_size: int, num_heads: int, channels: int, num_pixels: int,
+                 vector_size: int, projection: int, key):
+        """channels, num_pixels: the torso map's; vector_size: the size of v_t (here onehot(a_prev) and
+        tanh(r_prev)); projection: P. Initialisers as the original's (haiku; the attention's VarianceScaling)."""
         k = jax.random.split(key, 9)
         query_size = module_size + vector_size
-        attn_size = module_size * num_heads
-        module_keys = lambda kk: jax.random.split(kk, num_modules)  # noqa: E731
-        self.gate = eqx.filter_vmap(lambda kk: linear(query_size, projection, kk))(module_keys(k[0]))
+        attention_size = module_size * num_heads  # each head's keys, values and queries have d entries
+        per_module = lambda make, kk: eqx.filter_vmap(make)(jax.random.split(kk, num_modules))  # noqa: E731
+        self.gate = per_module(lambda kk: linear(query_size, projection, kk), k[0])
         self.project = linear(channels, projection, k[1])
         self.mix = linear(projection, projection, k[2])
-        self.query = linear(query_size, attn_size, k[3], scale=2.0)
-        self.key = linear(module_size, attn_size, k[4], scale=2.0)
-        self.value = linear(module_size, attn_size, k[5], scale=2.0)
-        self.w_gate = linear(attn_size, query_size, k[6], use_bias=False, scale=0.2)
-        self.w_out = linear(attn_size, query_size, k[7], use_bias=False, scale=0.2)
+        self.query = linear(query_size, attention_size, k[3], scale=2.0)
+        self.key = linear(module_size, attention_size, k[4], scale=2.0)
+        self.value = linear(module_size, attention_size, k[5], scale=2.0)
+        self.w_gate = linear(attention_size, query_size, k[6], use_bias=False, scale=0.2)
+        self.w_out = linear(attention_size, query_size, k[7], use_bias=False, scale=0.2)
         self.b_gate = jnp.ones(query_size)
-        lstm_in = query_size + num_pixels * projection
-        self.lstm = eqx.filter_vmap(lambda kk: LSTMCell(lstm_in, module_size, kk))(module_keys(k[8]))
+        self.lstm = per_module(lambda kk: LSTMCell(query_size + num_pixels * projection, module_size, kk), k[8])
         self.num_modules, self.module_size, self.num_heads = num_modules, module_size, num_heads
 
     def initial_state(self):
+        """(h, c), each [n, d]: zeros at every episode start."""
         zeros = jnp.zeros((self.num_modules, self.module_size))
         return zeros, zeros
 
-    def inputs(self, image_map, vector) -> FarmInputs:
-        """The state-independent part of a step: image_map [..., H, W, C] and vector [..., V], with any leading
-        axes (a whole sequence at once)."""
-        d = self.module_size
-        pixels = image_map.reshape(image_map.shape[:-3] + (-1, image_map.shape[-1])) @ self.project.weight.T
-        query = vector @ self.query.weight[:, d:].T + self.query.bias
-        gate = jnp.einsum("...v,npv->...np", vector, self.gate.weight[:, :, d:]) + self.gate.bias
-        return FarmInputs(pixels + self.project.bias, query, gate, vector)
+    def module_query(self, h_k, vector):
+        """1. Module k's query q_k = [h^k_{t-1}; onehot(a_{t-1}); tanh(r_{t-1})]: what it looks for in the image and
+        in the other modules."""
+        return jnp.concatenate([h_k, vector])
 
-    def weights(self) -> FarmWeights:
-        d = self.module_size
-        state = jnp.concatenate([self.query.weight[:, :d], self.key.weight, self.value.weight,
-                                 self.gate.weight[:, :, :d].reshape(-1, d)]).T
-        return FarmWeights(state, jnp.concatenate([self.w_gate.weight, self.w_out.weight]).T)
+    def feature_attention(self, gate_k: eqx.nn.Linear, q_k, image_map):
+        """2. Module k reads the image map through its own gate over the projected channels:
+            z_k = flatten(Mix(Project(X_t) * sigmoid(Gate_k(q_k))))
+        gate_k: module k's Gate_k; q_k [d + V]; image_map X_t [H, W, C] -> z_k [H W P]."""
+        projected = jax.vmap(self.project)(image_map.reshape(-1, image_map.shape[-1]))  # [H W, P]
+        attended = projected * jax.nn.sigmoid(gate_k(q_k))  # the same gate on every pixel
+        return jax.vmap(self.mix)(attended).reshape(-1)
 
-    def step(self, weights: FarmWeights, inputs: FarmInputs, state):
-        """One step from the module states (h, c) [n, d] and one step's inputs (2-4 above); returns the new state."""
-        h, c = state
+    def inter_module_attention(self, q, h):
+        """3. Each module's query attends over the memory M = [h^1; ...; h^n; 0] (the zero row lets a module take
+        "no information"), heads of size d, and what it reads enters through a sigmoid-tanh gate:
+            m_k = concat over heads i of sum_j softmax_j(Q_i(q_k) . K_i(M_j) / sqrt(d)) V_i(M_j)
+            u_k = q_k + sigmoid(W_g m_k - b_g) * tanh(W_o m_k)
+        q [n, d + V] (every module's query), h [n, d] -> u [n, d + V]."""
         n, d, heads = self.num_modules, self.module_size, self.num_heads
-        a = heads * d
-        y = h @ weights.state  # [n, 3a + nP]: every linear map of h
-        projection = inputs.pixels.shape[-1]
-        own_gate = jnp.diagonal(y[:, 3 * a:].reshape(n, n, projection), axis1=0, axis2=1).T  # module k's gate of h^k
+        memory = jnp.concatenate([h, jnp.zeros((1, d))])  # [n + 1, d]
+        by_head = lambda x: x.reshape(x.shape[0], heads, d)  # noqa: E731
+        queries = by_head(jax.vmap(self.query)(q))  # [n, heads, d]
+        keys, values = by_head(jax.vmap(self.key)(memory)), by_head(jax.vmap(self.value)(memory))  # [n + 1, ...]
+        attention = jax.nn.softmax(jnp.einsum("kid,jid->kij", queries, keys) / math.sqrt(d), axis=-1)
+        m = jnp.einsum("kij,jid->kid", attention, values).reshape(n, heads * d)
+        return q + jax.nn.sigmoid(jax.vmap(self.w_gate)(m) - self.b_gate) * jnp.tanh(jax.vmap(self.w_out)(m))
 
-        # 2. feature attention: each module gates the projected pixels with its own gate, then Mix
-        gated = inputs.pixels[None] * jax.nn.sigmoid(own_gate + inputs.gate)[:, None, :]  # [n, HW, P]
-        z = (gated @ self.mix.weight.T + self.mix.bias).reshape(n, -1)
+    @staticmethod
+    def module_lstm(lstm_k: LSTMCell, u_k, z_k, state_k):
+        """4. Module k's own LSTM on what it read: (h^k_t, c^k_t) = LSTM_k([u_k; z_k], (h^k_{t-1}, c^k_{t-1}))."""
+        return lstm_k(jnp.concatenate([u_k, z_k]), state_k)
 
-        # 3. inter-module attention over [h; 0]: logits [n, n + 1, heads], softmax over the memory rows
-        queries = (y[:, :a] + inputs.query).reshape(n, heads, d)
-        keys = jnp.concatenate([y[:, a:2 * a] + self.key.bias, self.key.bias[None]]).reshape(n + 1, heads, d)
-        values = jnp.concatenate([y[:, 2 * a:3 * a] + self.value.bias, self.value.bias[None]]).reshape(n + 1, heads, d)
-        logits = jnp.sum(queries[:, None] * keys[None], axis=-1) / math.sqrt(d)
-        read = jnp.sum(jax.nn.softmax(logits, axis=1)[..., None] * values[None], axis=1).reshape(n, a)
-        gate_out = read @ weights.read
-        q = jnp.concatenate([h, jnp.broadcast_to(inputs.vector, (n, inputs.vector.shape[-1]))], axis=-1)
-        u = q + jax.nn.sigmoid(gate_out[:, :q.shape[1]] - self.b_gate) * jnp.tanh(gate_out[:, q.shape[1]:])
-
-        # 4. per-module LSTMs (haiku's: gates i, g, f, o; forget bias +1)
-        lstm_input = jnp.concatenate([u, z, h], axis=-1)
-        gates = jnp.einsum("noi,ni->no", self.lstm.linear.weight, lstm_input) + self.lstm.linear.bias
-        i, g, f, o = jnp.split(gates, 4, axis=-1)
-        c = jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-        return jax.nn.sigmoid(o) * jnp.tanh(c), c
+    def step(self, image_map, vector, state):
+        """One step of every module: image_map X_t [H, W, C], vector v_t [V], state (h, c) each [n, d] -> the new
+        (h, c); module k's state h^k_t is new_state[0][k]."""
+        h, c = state
+        q = jax.vmap(self.module_query, (0, None))(h, vector)  # 1.
+        z = eqx.filter_vmap(self.feature_attention, in_axes=(0, 0, None))(self.gate, q, image_map)  # 2.
+        u = self.inter_module_attention(q, h)  # 3.
+        return eqx.filter_vmap(self.module_lstm)(self.lstm, u, z, (h, c))  # 4.
 
     def __call__(self, image_map, vector, state):
-        """image_map [H, W, C], vector [V], state (h, c) each [n, d] -> new state; h^k_t is new_state[0][k]."""
-        return self.step(self.weights(), self.inputs(image_map, vector), state)
+        return self.step(image_map, vector, state)
 
 
-BACKENDS = ("xla", "pallas", "pallas-bf16")
-"""How FarmCore computes FARM's recurrence: `xla`, the step above in a lax.scan; `pallas`, the same function as
-fused GPU kernels (common/farm_pallas.py; Pallas' interpreter on a CPU: slow, for tests); `pallas-bf16`, the kernels
-with the LSTMs' weight in bfloat16 (float32 state and accumulation; not exact, ~1e-3)."""
+FARM_SOURCE = inspect.getsource(FARM)
+"""the definition's source, read at import: what `is_this_farm` compares a FARM class with"""
 
-FASTEST_MEASURED = {"cpu": "xla"}
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The recurrent core the scripts use: torso -> FARM, with the recurrence computed by one of the backends
+# ---------------------------------------------------------------------------------------------------------------------
+BACKENDS = ("plain", "fused", "pallas", "pallas-bf16")
+"""How FarmCore computes FARM's recurrence (the module's docstring): `plain`, FARM.step in a lax.scan; `fused`,
+common/farm_fast.py; `pallas`, its arrangement as GPU kernels (Pallas' interpreter on a CPU: slow, for tests);
+`pallas-bf16`, those with the LSTMs' weight in bfloat16 (not exact, ~1e-3)."""
+
+FASTEST_MEASURED = {"cpu": "fused"}
 """--core-backend's default per device kind (jax.devices()[0].device_kind, or the platform): the fastest measured
-there by benchmarks/sgd_variants.py, which prints the line to add. The kernels have not been measured on a GPU yet,
-so every other device gets xla until they are."""
+there by benchmarks/sgd_variants.py, which prints the line to add; devices not listed get `fused` (measured on
+NVIDIA H100 and H200 against the layer-by-layer step, docs/learner_speed.md; the kernels are not measured on a GPU)."""
 
 
 def default_backend() -> str:
     device = jax.devices()[0]
-    return FASTEST_MEASURED.get(device.device_kind, FASTEST_MEASURED.get(device.platform, "xla"))
+    return FASTEST_MEASURED.get(device.device_kind, FASTEST_MEASURED.get(device.platform, "fused"))
+
+
+def is_this_farm(farm_class) -> bool:
+    """Whether farm_class is common/farm.py's FARM, read from its source: the fast backends compute that FARM only,
+    so a class edited in a copy of this file (or a subclass) differs, while an unedited copy is the same."""
+    from common import farm as definition  # the repository's file, also when this runs in a copy of it
+
+    try:
+        return inspect.getsource(farm_class) == definition.FARM_SOURCE
+    except (OSError, TypeError):  # no source to read (a class made at run time): not known to be that FARM
+        return False
 
 
 class FarmCore(eqx.Module):
     """The MSFA/UVFA-FARM state: the torso's map (DQN 5x5x16 or Impala 8x8x32, not flattened) read by FARM
     modules. `backend` (static: not a parameter, so checkpoints are the same for every backend) says how the
-    recurrence is computed (BACKENDS)."""
+    recurrence is computed (BACKENDS); None picks the default for this device and this FARM."""
 
     torso: DQNTorso | ImpalaTorso
     farm: FARM
     num_actions: int = eqx.field(static=True)  # the size of the one-hot previous action it reads
-    backend: str = eqx.field(static=True, default="xla")
+    backend: str = eqx.field(static=True, default="fused")
 
     def __init__(self, num_actions: int, num_modules: int, module_size: int, num_heads: int, projection: int, key,
-                 torso: str = "dqn", backend: str = "xla"):
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown FARM backend {backend!r}; choose from {', '.join(BACKENDS)}")
+                 torso: str = "dqn", backend: str | None = None):
         k_torso, k_farm = jax.random.split(key)
-        self.num_actions, self.backend = num_actions, backend
         torso_class, (height, width, channels) = TORSOS[torso]
         self.torso = torso_class(k_torso)
         self.farm = FARM(num_modules, module_size, num_heads, channels=channels, num_pixels=height * width,
                          vector_size=num_actions + 1, projection=projection, key=k_farm)
+        self.num_actions, self.backend = num_actions, FarmCore.backend_to_run(backend)
+
+    @staticmethod
+    def backend_to_run(backend: str | None) -> str:
+        """The backend a FarmCore built with `backend` runs: that one (checked), or with None the default for this
+        device kind and this file's FARM (the scripts' check_args calls it, so a bad choice stops before a run)."""
+        if backend is not None and backend not in BACKENDS:
+            raise ConfigError(f"--core-backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        this_farm = is_this_farm(FARM)
+        if backend is None:
+            return default_backend() if this_farm else "plain"
+        if backend != "plain" and not this_farm:
+            raise ConfigError(f"--core-backend {backend} computes common/farm.py's FARM, and this FARM "
+                              f"({FARM.__module__}) differs from it: use --core-backend plain")
+        return backend
 
     def initial_state(self):
         return self.farm.initial_state()
 
     def unroll(self, maps, vectors, first, state):
         """The states (h, c) [T, n, d] along a sequence: the torso's maps [T, H, W, C], the [a_prev; r_prev]
-        vectors [T, V], first [T] (reset to the initial state before these steps) and the state before the first.
-        FARM's state-independent part runs for all steps at once, outside the loop."""
-        inputs = self.farm.inputs(maps, vectors)
-        if self.backend != "xla":  # the same function as fused kernels (a vmap over sequences becomes their rows)
+        vectors [T, V], first [T] (reset to the initial state before these steps) and the state before the first."""
+        if self.backend == "fused":
+            return farm_fast.unroll_sequence(self.farm, maps, vectors, first, state)
+        if self.backend != "plain":
+            inputs = farm_fast.inputs(self.farm, maps, vectors)
             return farm_pallas.unroll_sequence(self.farm, inputs, first, state, farm_pallas.config_for(self.backend))
-        weights, initial = self.farm.weights(), self.initial_state()
+        initial = self.initial_state()
 
         def step(state, x):
-            inputs, first = x
+            image_map, vector, first = x
             state = jax.tree.map(lambda s, i: jnp.where(first, i, s), state, initial)
-            state = self.farm.step(weights, inputs, state)
+            state = self.farm.step(image_map, vector, state)
             return state, state
 
-        return jax.lax.scan(step, state, (inputs, first))[1]
+        return jax.lax.scan(step, state, (maps, vectors, first))[1]
 
     def recur(self, image_map, vector, state):
         """One step (acting, evaluation): (h, c) each [num_modules, module_size]."""
-        if self.backend != "xla":
-            out = self.unroll(image_map[None], vector[None], jnp.zeros((1,), bool), state)
-            return jax.tree.map(lambda x: x[0], out)
-        return self.farm(image_map, vector, state)
+        if self.backend == "plain":
+            return self.farm.step(image_map, vector, state)
+        if self.backend == "fused":
+            return farm_fast.recur(self.farm, image_map, vector, state)
+        out = self.unroll(image_map[None], vector[None], jnp.zeros((1,), bool), state)
+        return jax.tree.map(lambda x: x[0], out)

@@ -179,7 +179,7 @@ class Weights(NamedTuple):
 
 
 class Inputs(NamedTuple):
-    """The state-independent part of every step (FarmInputs, padded), each [T, R, ...]."""
+    """The state-independent part of every step (common.farm_fast.Inputs, padded), each [T, R, ...]."""
     query: jax.Array  # [T, R, HD]
     gate: jax.Array  # [T, R, n, PV]
     pixels: jax.Array  # [T, R, HWP, PV]
@@ -223,7 +223,7 @@ def pad_weights(farm, z: Dims, cfg: Config) -> Weights:
 
 
 def pad_inputs(inputs, first, z: Dims) -> Inputs:
-    """FarmInputs [B, T, ...] and first [B, T] -> Inputs [T, R, ...] (padded rows start an episode at every step)."""
+    """farm_fast.Inputs [B, T, ...] and first [B, T] -> Inputs [T, R, ...] (padded rows start an episode at every step)."""
     b = first.shape[0]
     rows = lambda x: jnp.pad(jnp.swapaxes(x, 0, 1), [(0, 0), (0, z.R - b)] + [(0, 0)] * (x.ndim - 2))  # noqa: E731
     pv = z.PV - z.P
@@ -650,7 +650,7 @@ _unroll.defvjp(_unroll_fwd, _unroll_bwd)
 
 # --------------------------------------------------------------------------------------------- the entry points
 def unroll_batch(farm, inputs, first, state, cfg: Config):
-    """FARM over a batch of sequences: inputs FarmInputs [B, T, ...], first [B, T], state (h, c) [B, n, d] ->
+    """FARM over a batch of sequences: inputs farm_fast.Inputs [B, T, ...], first [B, T], state (h, c) [B, n, d] ->
     (h, c) [B, T, n, d], resetting to zeros before steps where first holds. The same function as common/farm.py's
     FARM.step in a loop (up to float rounding)."""
     batch = first.shape[0]
@@ -662,7 +662,7 @@ def unroll_batch(farm, inputs, first, state, cfg: Config):
 
 
 def unroll_sequence(farm, inputs, first, state, cfg: Config):
-    """FARM along one sequence: inputs FarmInputs [T, ...], first [T], state (h, c) [n, d] -> (h, c) [T, n, d].
+    """FARM along one sequence: inputs farm_fast.Inputs [T, ...], first [T], state (h, c) [n, d] -> (h, c) [T, n, d].
     Under a vmap over sequences (the learner's batch, the actors' envs) the sequences become the kernels' rows;
     see the module's docstring for the one limit this implies."""
     arrays, static = eqx.partition(farm, eqx.is_array)

@@ -5,7 +5,11 @@ the loss, not through a flag), a new logged metric (the mean |Q| of the batch), 
 module's state before the psi MLP). It trains tiny; then results.evaluate (which must reproduce the run's own
 evaluation), results.analyze, results.plot, results.summarize and results.compare run on its directory, rebuilding
 the agent with the copy named in config.json and the parameter files' headers, and label its runs by its exp_name.
-A moved copy, or one without a name the tools use (docs/contract.md), gives one line."""
+A moved copy, or one without a name the tools use (docs/contract.md), gives one line.
+
+A second copy edits one part of FARM: common/farm.py copied next to it with another inter-module attention (each
+module reads the mean of the modules' values through the same gate), imported instead of common/farm.py. It trains
+tiny with the plain backend (the fast ones compute the repository's FARM), and results.evaluate reproduces it."""
 
 from __future__ import annotations
 
@@ -130,3 +134,57 @@ def test_a_copy_without_a_name_the_tools_use_is_refused_with_one_line_naming_it(
         err = capsys.readouterr().err.strip().splitlines()
         assert exit_info.value.code == 2 and len(err) == 1, err
         assert f"{broken} lacks make_evaluate" in err[0] and "docs/contract.md" in err[0], err[0]
+
+
+# the inter-module attention of a copied common/farm.py, edited: no attention, every module reads the mean value
+FARM_EDIT = ("""        queries = by_head(jax.vmap(self.query)(q))  # [n, heads, d]
+        keys, values = by_head(jax.vmap(self.key)(memory)), by_head(jax.vmap(self.value)(memory))  # [n + 1, ...]
+        attention = jax.nn.softmax(jnp.einsum("kid,jid->kij", queries, keys) / math.sqrt(d), axis=-1)
+        m = jnp.einsum("kij,jid->kid", attention, values).reshape(n, heads * d)
+""", """        m = jnp.broadcast_to(jnp.mean(jax.vmap(self.value)(h), axis=0), (n, heads * d))  # edited: mean sharing
+""")
+
+
+@pytest.fixture(scope="module")
+def copied_farm_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("farm_copy")
+    farm = (ROOT / "common" / "farm.py").read_text()
+    assert farm.count(FARM_EDIT[0]) == 1
+    (tmp / "my_farm.py").write_text(farm.replace(*FARM_EDIT))
+    script = (ROOT / "msfa_babyai.py").read_text()
+    old = "from common.farm import FarmCore\n"
+    assert script.count(old) == 1
+    (tmp / "msfa_meanshare.py").write_text(script.replace(old, "from my_farm import FarmCore\n"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, str(tmp / "msfa_meanshare.py"), *FLAGS], cwd=tmp, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    refused = subprocess.run([sys.executable, str(tmp / "msfa_meanshare.py"), *FLAGS, "--core-backend", "fused",
+                              "--run-dir", str(tmp / "refused")], cwd=tmp, env=env, capture_output=True, text=True,
+                             timeout=300)
+    return tmp / "msfa_meanshare.py", tmp / "runs" / "msfa_meanshare__1", refused
+
+
+def test_a_copy_with_another_inter_module_attention_trains_plain_and_is_evaluated(copied_farm_run, tmp_path):
+    import jax
+    import numpy as np
+
+    from common.run.scripts import load_script
+    from helpers import replayed_evaluation
+
+    script_path, run, refused = copied_farm_run
+    copy = load_script(str(script_path))
+    args = copy.Args(num_modules=2, module_size=16, attention_heads=1, psi_hidden=(8,), phi_hidden=(8,))
+    net = copy.make_network(args, jax.random.PRNGKey(0))
+    assert net.core.backend == "plain" and type(net.core.farm).__module__ == "my_farm"
+    import msfa_babyai
+    original = msfa_babyai.make_network(args, jax.random.PRNGKey(0))  # the same parameters, the repository's FARM
+    state = jax.tree.map(lambda x: jax.random.normal(jax.random.PRNGKey(2), x.shape), original.core.initial_state())
+    image_map = jax.random.normal(jax.random.PRNGKey(1), (5, 5, 16))
+    vector = jax.numpy.ones(5)
+    assert not np.allclose(net.core.recur(image_map, vector, state)[0], original.core.recur(image_map, vector, state)[0])
+    again, ran = replayed_evaluation(run, 128, tmp_path)
+    assert again == ran and len(ran) > 0
+    err = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(err) == 1, err
+    assert "--core-backend fused computes common/farm.py's FARM, and this FARM (my_farm) differs" in err[0]

@@ -1,5 +1,5 @@
-"""Every script that uses FARM takes the same SGD step with --core-backend pallas (Pallas' interpreter here) as with
-xla: every parameter's gradient and the sequences' priorities, on random batches with random episode starts, tasks,
+"""Every script that uses FARM takes the same SGD step with --core-backend pallas (Pallas' interpreter here) as with the
+plain FARM: every parameter's gradient and the sequences' priorities, on random batches with random episode starts, tasks,
 rewards and stored states (tiny networks; the paper's sizes of FARM itself: tests/test_farm_kernels.py)."""
 
 import jax
@@ -27,7 +27,7 @@ CASES = {
 def test_the_sgd_step_is_the_same_with_the_kernels(case):
     script, settings, env = CASES[case]
     with jax.default_matmul_precision("highest"):
-        grads, priorities = gradients_and_priorities(script, script.Args(**settings, core_backend="xla"), env)
+        grads, priorities = gradients_and_priorities(script, script.Args(**settings, core_backend="plain"), env)
         kernel_grads, kernel_priorities = gradients_and_priorities(script, script.Args(**settings,
                                                                                        core_backend="pallas"), env)
     leaves = [(jax.tree_util.keystr(p), np.asarray(a, np.float64), np.asarray(b, np.float64))

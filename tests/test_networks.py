@@ -1,5 +1,7 @@
 """The shared building blocks against plain references."""
 
+from functools import partial
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -52,3 +54,49 @@ def test_farm_modules_have_their_own_parameters():
         assert jnp.abs(h2[0] - h[0]).max() > 1e-4
         np.testing.assert_array_equal(h2[1:], h[1:])
     assert farm.lstm.linear.weight.shape[0] == 3 and farm.gate.weight.shape[0] == 3  # stacked per module
+
+
+@pytest.mark.parametrize("torso", ["dqn", "impala"])
+def test_the_lstm_cores_hoisted_inputs_are_its_cell_stepped(torso):
+    """LSTMCore.unroll and .recur (the gates' input part computed for a whole sequence before the loop) against
+    LSTMCell stepped on [v; features] with resets: the states and every gradient."""
+    from common.networks import LSTMCore
+
+    k = jax.random.split(jax.random.PRNGKey(0), 6)
+    core = LSTMCore(5, 12, k[0], torso=torso)
+    leaves, tree = jax.tree.flatten(core)
+    core = jax.tree.unflatten(tree, [x + 0.1 * jax.random.normal(k[1], x.shape) for x in leaves])
+    shape = {"dqn": (5, 5, 16), "impala": (8, 8, 32)}[torso]
+    maps, vectors = jax.random.normal(k[2], (7,) + shape), jax.random.normal(k[3], (7, 6))
+    first = jnp.array([True, False, False, True, False, False, False])
+    state = (jax.random.normal(k[4], (12,)), jax.random.normal(k[5], (12,)))
+
+    def stepped(core, maps, vectors, state, first=first):
+        def step(state, x):
+            image_map, vector, first = x
+            state = jax.tree.map(lambda s: jnp.where(first, 0.0, s), state)
+            features = image_map.reshape(-1)
+            if core.flat is not None:
+                features = jax.nn.relu(core.flat(features))
+            state = core.lstm(jnp.concatenate([vector, features]), state)
+            return state, state
+        return jax.lax.scan(step, state, (maps, vectors, first))[1]
+
+    def loss(unroll, core, maps, vectors, state):
+        h, c = unroll(core, maps, vectors, state)
+        return jnp.sum(h * jnp.cos(jnp.arange(h.size).reshape(h.shape))) + jnp.sum(c ** 2), (h, c)
+
+    hoisted = lambda core, maps, vectors, state: core.unroll(maps, vectors, first, state)  # noqa: E731
+    (_, ours), grads = jax.value_and_grad(partial(loss, hoisted), (0, 1, 2, 3), has_aux=True)(core, maps, vectors,
+                                                                                            state)
+    (_, ref), ref_grads = jax.value_and_grad(partial(loss, stepped), (0, 1, 2, 3), has_aux=True)(core, maps, vectors,
+                                                                                               state)
+    for a, b in zip(ours, ref):  # the same sums in another order (the Impala map's 2048 inputs): float32 rounding
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)
+    from farm_cases import gradient_rows, within
+
+    rows, scale = gradient_rows(grads, ref_grads)  # per leaf, in norm: within 1e-5 relative
+    assert within(rows, scale), [r for r in rows if not within([r], scale)]
+    one = core.recur(maps[1], vectors[1], state)
+    for a, b in zip(one, stepped(core, maps[1:2], vectors[1:2], state, jnp.zeros(1, bool))):
+        np.testing.assert_allclose(a, b[0], rtol=1e-4, atol=2e-5)

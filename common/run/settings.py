@@ -38,9 +38,15 @@ RETIRED_SETTINGS = ("learner_unroll", "joint_target_unroll", "lstm_grad_after_lo
 changed how fast it ran, not what it computed, so loading its config.json drops them"""
 
 
+RENAMED_VALUES = {"core_backend": {"xla": "fused"}}
+"""values that earlier versions wrote under other names: FARM's fused recurrence was the `xla` backend"""
+
+
 def _as_args(cls, saved: dict):
-    """The dataclass `cls` from a config.json "args" dict (JSON lists back to tuples; RETIRED_SETTINGS dropped)."""
-    saved = {k: v for k, v in saved.items() if k not in RETIRED_SETTINGS}
+    """The dataclass `cls` from a config.json "args" dict (JSON lists back to tuples; RETIRED_SETTINGS dropped,
+    RENAMED_VALUES renamed)."""
+    saved = {k: RENAMED_VALUES.get(k, {}).get(v, v) if isinstance(v, str) else v for k, v in saved.items()
+             if k not in RETIRED_SETTINGS}
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(saved) - fields)
     require(not unknown, f"config.json has settings this script does not know: {unknown}; it belongs to another "
