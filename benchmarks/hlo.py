@@ -145,3 +145,34 @@ def matmul_flops(text: str) -> float:
         total += times * sum(_product_flops(line, shapes) for line in comps[name] if op_of(line) in ("dot",
                                                                                                     "convolution"))
     return total
+
+
+def profile_ops(fn, args, repeats: int = 3, top: int = 15, out_dir: str = "/tmp/msfa-jax-profile") -> list[tuple]:
+    """The ops of a compiled (or jitted) fn's program that took the most time in `repeats` calls (jax.profiler's
+    trace of XLA:CPU's thunks): [(milliseconds per call, executions per call, op name, its result type and JAX source op)].
+    Op times of the two cores add up (they overlap), and tracing slows the call: read them as shares."""
+    import collections
+    import glob
+    import gzip
+    import json
+    import shutil
+
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    with jax.profiler.trace(out_dir, create_perfetto_trace=True):
+        for _ in range(repeats):
+            jax.block_until_ready(fn(*args))
+    trace = json.load(gzip.open(glob.glob(f"{out_dir}/**/*.trace.json.gz", recursive=True)[0]))
+    text = fn.as_text() if hasattr(fn, "as_text") else fn.lower(*args).compile().as_text()  # compiled, or jitted
+    described = {m.group(1): f"{m.group(2)} {m.group(3)[-70:]}" for m in re.finditer(
+        r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) .*?op_name=\"([^\"]*)\"", text, re.M)}
+    skip = ("ThunkExecutor", "$", "SlinkyThreadPool", "PjitFunction", "ParseArguments", "while")
+    total, count = collections.Counter(), collections.Counter()
+    for event in trace["traceEvents"]:
+        if event.get("ph") == "X" and not event["name"].startswith(skip):
+            total[event["name"]] += event["dur"]
+            count[event["name"]] += 1
+    return [(t / repeats / 1e3, count[name] // repeats, name, described.get(name, ""))
+            for name, t in total.most_common(top)]

@@ -7,21 +7,22 @@ the whole table on a GPU in at most 9 minutes.
 Rows (ROWS, in the order a short budget runs them) time one SGD step (the gradient of the script's own batch_loss,
 and Adam) for K vmapped seeds on random batches (random episode starts, tasks, rewards and stored states; three
 batches in turn), or, for `train_*`, a slice of msfa_babyai.py's real training loop (acting, insertion, SGD steps)
-reporting env steps/s per seed. The variants: the backend (--core-backend xla, pallas, pallas-bf16), K = 10 or 1
-seeds, UVFA-FARM and the Impala torso's scripts (Fruitbot, MiniHack), Fruitbot's SGD step drawing its batch's frames
-from replay's game states (fruitbot_states_*, msfa_fruitbot.py's default) against reading stored frames
-(fruitbot_*), the kernels' block sizes and warps, and XLA flags (command buffers for whole loops).
+reporting env steps/s per seed. The variants: the backend (--core-backend fused, pallas, pallas-bf16; plain, the
+definition), K = 10 or 1 seeds, UVFA-FARM and the Impala torso's scripts (Fruitbot, MiniHack), Fruitbot's SGD step
+drawing its batch's frames from replay's game states (fruitbot_states_*, msfa_fruitbot.py's default) against reading
+stored frames (fruitbot_*), the kernels' block sizes and warps, and XLA flags (command buffers for whole loops).
 
 Rows with the same XLA_FLAGS share one process (one import; each row compiles its own program); each set of flags
 runs in its own process, so that a flag this XLA does not know fails those rows only, with its message. A row that
 fails for any reason (a kernel that does not compile, an out-of-memory) records its whole error text; the others
 still run. No row runs at `highest` precision: exactness is the CPU tests' job (tests/test_farm_kernels.py); here
-each row's gradient and priorities are compared with the xla row of the same problem and seeds, at the device's
+each row's gradient and priorities are compared with the fused row of the same problem and seeds, at the device's
 default precision, and the difference is reported.
 
 The table ends with the projected protocol minutes per method and backend, and the backend this device kind should
 default to (common/farm.py's FASTEST_MEASURED: a person changes it on this measurement). Results: OUT_DIR/results.json,
-OUT_DIR/sgd_variants.log and the compiled programs of the xla and pallas rows (gzipped HLO text).
+OUT_DIR/sgd_variants.log and the compiled programs of the fused and pallas rows (gzipped HLO text). Each SGD row
+also reports its matrix FLOPs counted through the loops (benchmarks/hlo.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from pathlib import Path
 
 import tyro
 
+from benchmarks.hlo import hlo_stats, matmul_flops
+
 ROOT = Path(__file__).resolve().parent.parent
 PROBLEMS = {  # name: (script module, its settings, env)
     "msfa_babyai": ("msfa_babyai", {}, "babyai"),
@@ -60,7 +63,7 @@ unknown one fails its rows with XLA's message)"""
 @dataclass(frozen=True)
 class Row:
     name: str
-    backend: str = "xla"  # --core-backend
+    backend: str = "fused"  # --core-backend
     problem: str = "msfa_babyai"
     seeds: int | None = None  # None: --seeds
     xla_flags: str = ""
@@ -73,15 +76,15 @@ class Row:
 
 
 ROWS = [
-    Row("xla"), Row("pallas", "pallas"), Row("pallas-bf16", "pallas-bf16"),
-    Row("xla+cmdbuf", xla_flags=COMMAND_BUFFERS), Row("pallas+cmdbuf", "pallas", xla_flags=COMMAND_BUFFERS),
+    Row("fused"), Row("pallas", "pallas"), Row("pallas-bf16", "pallas-bf16"),
+    Row("fused+cmdbuf", xla_flags=COMMAND_BUFFERS), Row("pallas+cmdbuf", "pallas", xla_flags=COMMAND_BUFFERS),
     Row("pallas-bf16+cmdbuf", "pallas-bf16", xla_flags=COMMAND_BUFFERS),
-    Row("train_pallas", "pallas", train=True), Row("train_xla", train=True),
-    Row("xla_k1", seeds=1), Row("pallas_k1", "pallas", seeds=1),
-    Row("uvfa-farm_xla", problem="uvfa-farm_babyai"), Row("uvfa-farm_pallas", "pallas", problem="uvfa-farm_babyai"),
-    Row("fruitbot_xla", problem="msfa_fruitbot"), Row("fruitbot_pallas", "pallas", problem="msfa_fruitbot"),
-    Row("fruitbot_states_xla", problem="msfa_fruitbot_states"),
-    Row("minihack_xla", problem="msfa_minihack"), Row("minihack_pallas", "pallas", problem="msfa_minihack"),
+    Row("train_pallas", "pallas", train=True), Row("train_fused", train=True),
+    Row("fused_k1", seeds=1), Row("pallas_k1", "pallas", seeds=1), Row("plain", "plain"),
+    Row("uvfa-farm_fused", problem="uvfa-farm_babyai"), Row("uvfa-farm_pallas", "pallas", problem="uvfa-farm_babyai"),
+    Row("fruitbot_fused", problem="msfa_fruitbot"), Row("fruitbot_pallas", "pallas", problem="msfa_fruitbot"),
+    Row("fruitbot_states_fused", problem="msfa_fruitbot_states"),
+    Row("minihack_fused", problem="msfa_minihack"), Row("minihack_pallas", "pallas", problem="msfa_minihack"),
     Row("pallas_block16", "pallas", kernel=(("block", 16),)),
     Row("pallas_lstm_columns256", "pallas", kernel=(("lstm_columns", 256),)),
     Row("pallas_warps8", "pallas", kernel=(("num_warps", 8),)),
@@ -93,16 +96,16 @@ ROWS = [
 @dataclass
 class Args:
     out: str | None = None
-    """folder for results.json, the log and the xla and pallas rows' compiled programs"""
+    """folder for results.json, the log and the fused and pallas rows' compiled programs"""
     budget_seconds: float = 540.0
     """wall time for everything; rows that no longer fit are listed as not run"""
     seeds: int = 10
     """vmapped seeds of the rows that do not say"""
     rows: tuple[str, ...] = ()
-    """run only these rows (default: all of ROWS); an xla row of the same problem and seeds is added before a
+    """run only these rows (default: all of ROWS); a fused row of the same problem and seeds is added before a
     pallas row for its comparison"""
     custom_flags: str = ""
-    """add a row `custom`: the xla row under these XLA_FLAGS (e.g. a flag to probe)"""
+    """add a row `custom`: the fused row under these XLA_FLAGS (e.g. a flag to probe)"""
     calls: int = 20
     """SGD steps per timed block (5 blocks after 5 warm-up calls)"""
     train_seconds: float = 60.0
@@ -116,76 +119,7 @@ class Args:
     deadline: float = 0.0
     """internal: the budget's end (time.time())"""
     work_dir: str = "/tmp/msfa-sgd-variants"
-    """internal: where rows exchange the xla rows' gradients"""
-
-
-# ------------------------------------------------------------------------------------------------- compiled programs
-TRIVIAL = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "after-all", "opt-barrier", "copy-start",
-           "copy-done", "partition-id", "replica-id"}
-"""HLO instructions that launch no work"""
-
-
-def _computations(text: str) -> tuple[dict[str, list[str]], str]:
-    comps, current, entry = {}, None, ""
-    for line in text.splitlines():
-        if not line.startswith(" "):
-            m = re.match(r"^(ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
-            if m:
-                current = m.group(2)
-                comps[current] = []
-                entry = current if m.group(1) else entry
-                continue
-        if line.startswith("}"):
-            current = None
-        elif current and line.strip():
-            comps[current].append(line.strip())
-    return comps, entry
-
-
-def _op(line: str) -> str | None:
-    """The opcode of one HLO instruction line (`%x = f32[2]{0} add(...)`, tuple types included)."""
-    m = re.match(r"(?:ROOT )?%?[\w.\-]+ = ", line)
-    if not m:
-        return None
-    rest = line[m.end():]
-    if rest.startswith("("):  # a tuple type: skip past its closing parenthesis
-        depth = 0
-        for i, ch in enumerate(rest):
-            depth += (ch == "(") - (ch == ")")
-            if depth == 0:
-                rest = rest[i + 1:]
-                break
-    else:
-        rest = rest.split(" ", 1)[1] if " " in rest else ""
-    m = re.match(r"\s*([\w\-]+)\(", rest)
-    return m.group(1) if m else None
-
-
-def hlo_stats(text: str) -> dict:
-    """Of a compiled program's HLO text: the ops executed per call (entry ops + trip count x body ops of every while
-    loop, nested loops included: on a GPU, kernels), and each loop's (trip count, ops per iteration)."""
-    comps, entry = _computations(text)
-
-    def count(name: str) -> tuple[int, list[tuple[int, int]]]:
-        executed, loops = 0, []
-        for line in comps.get(name, []):
-            op = _op(line)
-            if op is None or op in TRIVIAL:
-                continue
-            if op != "while":
-                executed += 1
-                continue
-            body = re.search(r"body=%?([\w.\-]+)", line).group(1)
-            trip = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
-            trip = int(trip.group(1)) if trip else 1
-            body_executed, body_loops = count(body)
-            per_iteration = sum(1 for b in comps.get(body, []) if _op(b) not in TRIVIAL | {None, "while"})
-            loops += [(trip, per_iteration), *body_loops]
-            executed += trip * body_executed
-        return executed, loops
-
-    executed, loops = count(entry)
-    return {"ops_per_call": executed, "loops": loops, "ops_per_iteration": sum(n for _, n in loops)}
+    """internal: where rows exchange the fused rows' gradients"""
 
 
 # ---------------------------------------------------------------------------------------------------- random input
@@ -286,7 +220,7 @@ def device_name() -> str:
 
 
 def run_sgd_row(row: Row, bench: Args) -> dict:
-    """Compile and time one row's SGD step; its gradient against the xla row's of the same problem and seeds."""
+    """Compile and time one row's SGD step; its gradient against the fused row's of the same problem and seeds."""
     import equinox as eqx
     import jax
     import jax.numpy as jnp
@@ -328,11 +262,12 @@ def run_sgd_row(row: Row, bench: Args) -> dict:
     opt_states = jax.vmap(optimizer.init)(nets)
     start = time.perf_counter()
     compiled = jax.jit(jax.vmap(update)).lower(nets, opt_states, targets, batches[0], probabilities).compile()
-    result = {"compile_s": round(time.perf_counter() - start, 1)} | hlo_stats(compiled.as_text())
     text = compiled.as_text()
+    result = {"compile_s": round(time.perf_counter() - start, 1), "gflop": round(matmul_flops(text) / 1e9, 3)} | \
+        hlo_stats(text)
     result["triton_calls"] = text.count("__gpu$xla.gpu.triton")  # the Pallas kernels' calls in the program (GPU)
     _, _, grads, priorities = compiled(nets, opt_states, targets, batches[0], probabilities)
-    result |= compare_with_xla(row, k, bench, grads, priorities)
+    result |= compare_with_fused(row, k, bench, grads, priorities)
     for _ in range(5):  # warm-up
         out = compiled(nets, opt_states, targets, batches[0], probabilities)
     jax.block_until_ready(out)
@@ -348,20 +283,20 @@ def run_sgd_row(row: Row, bench: Args) -> dict:
                "nan": bool(any(np.isnan(np.asarray(x)).any() for x in jax.tree.leaves(out)))}
     result["protocol_sgd_steps"] = protocol_sgd_steps(script, script.Args(**PROBLEMS[row.problem][1]))
     result["learner_minutes"] = round(result["protocol_sgd_steps"] * result["ms"] / 60_000, 1)
-    if bench.out and row.name in ("xla", "pallas"):
+    if bench.out and row.name in ("fused", "pallas"):
         (Path(bench.work_dir) / f"hlo_{row.name}.txt").write_text(text)
     return result
 
 
-def compare_with_xla(row: Row, seeds: int, bench: Args, grads, priorities) -> dict:
-    """The xla row saves its gradient; every other row reports its worst per-leaf difference from it
-    (|g - g_xla| / (|g_xla| + 1e-3 max_leaf |g_xla|)) and its priorities' worst relative difference."""
+def compare_with_fused(row: Row, seeds: int, bench: Args, grads, priorities) -> dict:
+    """The fused row saves its gradient; every other row reports its worst per-leaf difference from it
+    (|g - g_fused| / (|g_fused| + 1e-3 max_leaf |g_fused|)) and its priorities' worst relative difference."""
     import jax
     import numpy as np
 
-    path = Path(bench.work_dir) / f"xla_{row.problem}_{seeds}.npz"
+    path = Path(bench.work_dir) / f"fused_{row.problem}_{seeds}.npz"
     leaves = [np.asarray(g, np.float64) for g in jax.tree.leaves(grads)]
-    if row.backend == "xla" and not path.exists():  # the first xla row of its problem is the others' reference
+    if row.backend == "fused" and not path.exists():  # the first fused row of its problem: the others' reference
         np.savez(path, priorities=np.asarray(priorities), *leaves)
         return {"grad_diff": None, "priority_diff": None}
     if not path.exists():
@@ -446,7 +381,7 @@ def row_table(bench: Args) -> dict[str, Row]:
 
 
 def chosen_rows(bench: Args) -> list[Row]:
-    """The rows to run, in order, each pallas row preceded somewhere by the xla row it is compared with."""
+    """The rows to run, in order, each other backend's row preceded somewhere by the fused row it is compared with."""
     table = row_table(bench)
     names = list(bench.rows) or [r.name for r in ROWS] + (["custom"] if bench.custom_flags else [])
     unknown = [n for n in names if n not in table]
@@ -457,8 +392,8 @@ def chosen_rows(bench: Args) -> list[Row]:
     rows = [table[n] for n in names]
     out: list[Row] = []
     for row in rows:
-        if row.backend != "xla" and not row.train:
-            partner = next((r for r in ROWS if r.backend == "xla" and not r.train and not r.xla_flags
+        if row.backend != "fused" and not row.train:
+            partner = next((r for r in ROWS if r.backend == "fused" and not r.train and not r.xla_flags
                             and r.problem == row.problem and r.seeds == row.seeds), None)
             if partner is not None and partner not in out:
                 out.append(partner)
@@ -516,7 +451,7 @@ def summary_line(r: dict) -> str:
     if r.get("train"):
         return f"{r['row']}: {r['env_sps_per_seed']:,} env steps/s per seed (compile {r['compile_s']} s)"
     return (f"{r['row']}: {r['ms']} ms per SGD step ({r['ms_min']}-{r['ms_max']}), compile {r['compile_s']} s, "
-            f"{r['ops_per_call']} ops, grad diff vs xla {fmt(r.get('grad_diff'))}")
+            f"{r['ops_per_call']} ops, grad diff vs fused {fmt(r.get('grad_diff'))}")
 
 
 def last_error(text: str) -> str:
@@ -533,7 +468,7 @@ def fmt(x, spec: str = "") -> str:
 def report(results: list[dict], bench: Args) -> dict:
     """The table, the projected protocol minutes per method and backend, and the default this device should get."""
     say("\n| row | problem | seeds | XLA flags | compile s | ms per SGD step (min-max) / env steps/s per seed | "
-        "ops per call | loops x ops/iter | grad diff vs xla | prio diff | protocol min | exact | status |\n"
+        "ops per call | loops x ops/iter | grad diff vs fused | prio diff | protocol min | exact | status |\n"
         "|---|---|---:|---|---:|---|---:|---|---:|---:|---:|---|---|")
     for r in results:
         flags = "cmdbuf" if r["xla_flags"] == COMMAND_BUFFERS else r["xla_flags"]
@@ -611,7 +546,7 @@ def main(bench: Args) -> None:
         (out / "results.json").write_text(json.dumps({"rows": results, "choice": choice, "seeds": bench.seeds,
                                                       "tiny": bench.tiny}, indent=1))
         (out / "sgd_variants.log").write_text("\n".join(LOG) + "\n")
-        for name in ("xla", "pallas"):
+        for name in ("fused", "pallas"):
             source = work / f"hlo_{name}.txt"
             if source.exists():
                 with gzip.open(out / f"hlo_{name}.txt.gz", "wt") as f:

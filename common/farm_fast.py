@@ -231,7 +231,8 @@ def _backward(heads, w, x, keep, residuals, d_hs, d_cs):
         body, (jnp.zeros_like(hs[0]), jnp.zeros_like(cs[0]), zero_biases),
         (x, keep, hs, cs, ys, gates, parts, d_hs, d_cs), reverse=True)
     # the weights' gradients: one contraction each over every step and sequence
-    d_w = Weights(state=jnp.einsum("trnd,trny->dy", hs, d_ys), read=jnp.einsum("trna,trnq->aq", parts.read, d_gate_outs),
+    d_w = Weights(state=jnp.einsum("trnd,trny->dy", hs, d_ys),
+                  read=jnp.einsum("trna,trnq->aq", parts.read, d_gate_outs),
                   key_bias=d_key_bias, value_bias=d_value_bias, b_gate=d_b_gate,
                   mix=jnp.einsum("trqp,trnp,trnqo->po", x.pixels, parts.gate, d_zs), mix_bias=d_zs.sum((0, 1, 2, 3)),
                   lstm=jnp.einsum("trng,trnl->ngl", d_gates, lstm_inputs), lstm_bias=d_gates.sum((0, 1)))

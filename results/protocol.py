@@ -1,5 +1,9 @@
 """The paper's protocol for one environment: every method in the paper's order (or --methods), each with --seeds
-vmapped seeds at its script's defaults (the paper's settings), resumable, one method per device at a time.
+vmapped seeds at its script's defaults (the paper's settings), resumable, one method per device at a time. On a CPU
+each seed trains in its own process instead, pinned to one core with XLA single-threaded, one per core at a time:
+on a 2-core machine that trains 1.25x the env steps of one process using both cores, and vmapped seeds gain nothing
+there (benchmarks/cpu_seeds.py, docs/scale.md); the seeds' runs (OUT_DIR/<method>/seed<k>/) are merged into
+OUT_DIR/<method>/ when all are complete, so every tool reads it as one run of all its seeds.
 
     python -m results.protocol OUT_DIR --env babyai                   # the nine BabyAI methods, 10 seeds each
     python -m results.protocol OUT_DIR --env babyai --devices 0 1 2 3  # four GPUs: four methods at a time
@@ -29,6 +33,7 @@ import importlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -99,8 +104,11 @@ class Args:
     seeds: int | None = None
     """vmapped seeds per method (seeds 1..seeds); default 10, and with --env fruitbot on a GPU as many as fit (<= 10)"""
     devices: tuple[str, ...] = ()
-    """GPUs to use, one method on each at a time (CUDA_VISIBLE_DEVICES of its run); default: one run at a time on
-    whatever JAX sees"""
+    """GPUs to use, one method on each at a time (CUDA_VISIBLE_DEVICES of its run); on a CPU the cores to use, one
+    seed's run pinned to each (default: one run at a time on whatever JAX sees; on a CPU every core)"""
+    seeds_apart: bool | None = None
+    """train each seed in its own single-threaded process, one per core, instead of vmapping a method's seeds in one
+    process (default: on a CPU, where it trains the most seeds per hour: benchmarks/cpu_seeds.py, docs/scale.md)"""
     env_workers: int = 8
     """MiniHack: worker processes stepping each seed's envs"""
     extra: str = ""
@@ -113,16 +121,25 @@ class Args:
     """greedy episodes per task and seed of results.analyze at the end (the paper's Table A: 40)"""
 
 
-SAVED = ("env", "methods", "seeds", "env_workers", "extra")
+SAVED = ("env", "methods", "seeds", "env_workers", "extra", "seeds_apart")
 """the settings protocol.json keeps for --resume"""
 
 
-def run_flags(args: Args, name: str) -> list[str]:
+def jobs(args: Args, name: str) -> list[tuple[str, int, int]]:
+    """A method's runs: (job name, first seed, seeds): one with every seed vmapped, or with seeds_apart one per
+    seed, in OUT_DIR/<method>/seed<k>/ (merged into OUT_DIR/<method>/ when all are complete)."""
+    if not args.seeds_apart:
+        return [(name, 1, args.seeds)]
+    return [(f"{name}/seed{k}", k, 1) for k in range(1, args.seeds + 1)]
+
+
+def run_flags(args: Args, name: str, seed: int = 1, seeds: int | None = None) -> list[str]:
     """The method's script and flags (its defaults are the paper's settings), plus the protocol's."""
     script, *flags = shlex.split(METHODS[args.env][name])
     if args.env in HOST_ENVS:
         flags += ["--env-workers", str(args.env_workers)]
-    return [str(ROOT / script), *flags, "--seed", "1", "--num-seeds", str(args.seeds), *shlex.split(args.extra)]
+    return [str(ROOT / script), *flags, "--seed", str(seed), "--num-seeds", str(seeds or args.seeds),
+            *shlex.split(args.extra)]
 
 
 def progress(run_dir: Path) -> tuple[int, int | None]:
@@ -145,12 +162,14 @@ def complete(run_dir: Path) -> bool:
     return bool(total and steps and max(steps) >= total)
 
 
-def command_for(args: Args, name: str, deadline: float | None) -> list[str]:
-    """The run's command: a new run, or --resume from its checkpoint; a folder left without one (stopped before its
-    first checkpoint) is started again (--overwrite moves it aside)."""
+def command_for(args: Args, job: tuple[str, int, int], deadline: float | None) -> list[str]:
+    """The run's command: a new run, or --resume (from its checkpoint; a run stopped before its first checkpoint
+    starts over with its saved settings); a folder with run files but no settings is started anew (--overwrite moves
+    it aside)."""
+    name, seed, seeds = job
     run_dir = Path(args.out_dir) / name
-    command = [sys.executable, *run_flags(args, name), "--run-dir", str(run_dir)]
-    if (run_dir / "checkpoint.eqx").exists():
+    command = [sys.executable, *run_flags(args, name.split("/")[0], seed, seeds), "--run-dir", str(run_dir)]
+    if (run_dir / "checkpoint.eqx").exists() or (run_dir / "config.json").exists():
         command.append("--resume")
     elif run_dir.exists() and any(run_dir.iterdir()):
         command.append("--overwrite")
@@ -159,18 +178,59 @@ def command_for(args: Args, name: str, deadline: float | None) -> list[str]:
     return command
 
 
-class Run:
-    """One method's process, its output copied to the terminal (prefixed) and to OUT_DIR/<method>.log."""
+SINGLE_THREADED = "--xla_cpu_multi_thread_eigen=false"
+"""XLA_FLAGS of a seed's run pinned to one core (XLA:CPU's ops stay on its thread)"""
 
-    def __init__(self, name: str, command: list[str], device: str | None, out: Path):
+
+def merge_seeds(args: Args, name: str) -> bool:
+    """With seeds_apart: once every seed's run of a method is complete, OUT_DIR/<method>/ gets them as one run of
+    all its seeds (the first seed's config.json with num_seeds set; every seed's metrics.csv and eval.csv rows; their
+    parameter files, hard-linked), so that the results tools read it as they read a run of vmapped seeds. Returns
+    whether the method is complete."""
+    out = Path(args.out_dir) / name
+    seed_dirs = [Path(args.out_dir) / job for job, _, _ in jobs(args, name)]
+    if complete(out) or not all(complete(d) for d in seed_dirs):
+        return complete(out)
+    for table in ("metrics.csv", "eval.csv"):  # rows by (step, seed), as a vmapped run writes them
+        parts = [(d / table).read_text().splitlines() for d in seed_dirs]
+        rows = sorted((r for p in parts for r in p[1:]), key=lambda r: tuple(int(x) for x in r.split(",")[:2]))
+        (out / table).write_text("\n".join([parts[0][0], *rows]) + "\n")
+    for d in seed_dirs:
+        for params in d.glob("params_seed*.eqx"):
+            (out / params.name).unlink(missing_ok=True)
+            os.link(params, out / params.name)
+    config = json.loads((seed_dirs[0] / "config.json").read_text())
+    config["args"] |= {"seed": 1, "num_seeds": args.seeds, "run_dir": str(out)}
+    config["seeds_trained_apart"] = [str(d.relative_to(out)) for d in seed_dirs]
+    (out / "config.json").write_text(json.dumps(config, indent=2))  # last: complete() reads it
+    return True
+
+
+def method_progress(args: Args, name: str) -> tuple[int, int | None]:
+    """(env steps per seed every seed reached, the protocol's total) of a method."""
+    if not args.seeds_apart or complete(Path(args.out_dir) / name):
+        return progress(Path(args.out_dir) / name)
+    reached = [progress(Path(args.out_dir) / job) for job, _, _ in jobs(args, name)]
+    return min(r[0] for r in reached), next((r[1] for r in reached if r[1]), None)
+
+
+class Run:
+    """One run's process, its output copied to the terminal (prefixed) and to OUT_DIR/<job>.log. device: a GPU
+    (CUDA_VISIBLE_DEVICES), or with cpu_core a core the process is pinned to, single-threaded."""
+
+    def __init__(self, name: str, command: list[str], device: str | None, out: Path, cpu_core: bool = False):
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        if device is not None:
+        if device is not None and cpu_core:
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + SINGLE_THREADED).strip()
+            if shutil.which("taskset"):  # util-linux: the run's process and its threads on that core only
+                command = ["taskset", "--cpu-list", device, *command]
+        elif device is not None:
             env["CUDA_VISIBLE_DEVICES"] = device
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # runs (and the analysis) may share a device
         self.name, self.device, self.started = name, device, time.time()
-        print(f"[protocol] {time.strftime('%H:%M:%S')} {name}{f' on device {device}' if device else ''}: "
-              f"{shlex.join(command)}", flush=True)
-        self.log = (out / f"{name}.log").open("a")
+        where = f" on {'core' if cpu_core else 'device'} {device}" if device is not None else ""
+        print(f"[protocol] {time.strftime('%H:%M:%S')} {name}{where}: {shlex.join(command)}", flush=True)
+        self.log = (out / f"{name.replace('/', '.')}.log").open("a")
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, start_new_session=True)  # Ctrl-C reaches it through us, once
         self.copier = threading.Thread(target=self._copy, daemon=True)
@@ -252,7 +312,7 @@ def resolve(args: Args) -> Args:
     if args.resume:
         require(saved_file.exists(), f"--resume: {saved_file} does not exist; start the protocol there first "
                                      "(without --resume, with --env)")
-        saved = json.loads(saved_file.read_text())
+        saved = {"seeds_apart": False} | json.loads(saved_file.read_text())  # (written before seeds_apart existed)
         given = {k: getattr(args, k) for k in SAVED if getattr(args, k) not in (None, (), "")}
         differs = {k: v for k, v in given.items() if (tuple(v) if isinstance(v, list) else v) !=
                    (tuple(saved[k]) if isinstance(saved[k], list) else saved[k])}
@@ -270,6 +330,10 @@ def resolve(args: Args) -> Args:
             "--env-workers and --analysis-episodes must be positive")
     require(len(set(args.devices)) == len(args.devices), f"--devices repeats a device: {' '.join(args.devices)}")
     args = dataclasses.replace(args, methods=args.methods or tuple(known))
+    if args.seeds_apart is None:
+        import jax
+
+        args = dataclasses.replace(args, seeds_apart=jax.default_backend() == "cpu")
     limit = device_memory_limit() if args.env in FIT_SEEDS else None
     per_seed = replay_bytes_per_seed(args) if limit is not None else None
     return dataclasses.replace(args, seeds=choose_seeds(args.seeds, per_seed, limit))
@@ -293,11 +357,13 @@ def main(args: Args) -> None:
     start = time.time()
     deadline = None if args.max_minutes is None else start + 60 * args.max_minutes
     device = device_name()
-    done = [m for m in args.methods if complete(out / m)]
-    queue = [m for m in args.methods if m not in done]
-    slots = list(args.devices) or [None]
-    print(f"[protocol] {device}; {args.env}; {args.seeds} seeds per method; {len(slots)} at a time; "
-          f"complete: {', '.join(done) or 'none'}; to run: {', '.join(queue) or 'none'}", flush=True)
+    done = [m for m in args.methods if complete(out / m) or (args.seeds_apart and merge_seeds(args, m))]
+    queue = [job for m in args.methods if m not in done for job in jobs(args, m) if not complete(out / job[0])]
+    slots = list(args.devices) or ([str(c) for c in sorted(os.sched_getaffinity(0))] if args.seeds_apart else [None])
+    how = f"each seed apart, {len(slots)} at a time (one per core)" if args.seeds_apart else f"{len(slots)} at a time"
+    print(f"[protocol] {device}; {args.env}; {args.seeds} seeds per method, {how}; "
+          f"complete: {', '.join(done) or 'none'}"
+          f"; to run: {', '.join(dict.fromkeys(j[0].split('/')[0] for j in queue)) or 'none'}", flush=True)
 
     stop = []
 
@@ -318,10 +384,13 @@ def main(args: Args) -> None:
                                      "wall_seconds": round(time.time() - run.started, 1)}
                     slots.append(run.device)
                     del running[name]
+                    if args.seeds_apart:
+                        merge_seeds(args, name.split("/")[0])
             out_of_time = deadline is not None and time.time() > deadline - min(30.0, 0.25 * 60 * args.max_minutes)
             while queue and slots and not stop and not out_of_time:
-                name = queue.pop(0)
-                running[name] = Run(name, command_for(args, name, deadline), slots.pop(0), out)
+                job = queue.pop(0)
+                running[job[0]] = Run(job[0], command_for(args, job, deadline), slots.pop(0), out,
+                                      cpu_core=bool(args.seeds_apart))
             if not running and (stop or out_of_time or not queue):
                 break
             time.sleep(0.5)
@@ -330,16 +399,19 @@ def main(args: Args) -> None:
             signal.signal(signum, handler)
 
     analysis = analyze(args, [m for m in args.methods if (out / m).exists()]) if not stop else {}
-    summary = {"device": device, "env": args.env, "seeds": args.seeds, "extra": args.extra,
+    summary = {"device": device, "env": args.env, "seeds": args.seeds, "seeds_apart": args.seeds_apart,
+               "extra": args.extra,
                "devices": list(args.devices), "wall_seconds": round(time.time() - start, 1), "methods": {}}
     for name in args.methods:
-        steps, total = progress(out / name)
+        steps, total = method_progress(args, name)
         entry = {"command": METHODS[args.env][name], "env_steps_per_seed": steps, "total_timesteps": total,
                  "share_of_protocol": round(steps / total, 4) if total else 0.0,
                  "complete": complete(out / name), **results.get(name, {})}
+        if args.seeds_apart:
+            entry["seed_runs"] = {job: results[job] for job, _, _ in jobs(args, name) if job in results}
         if name in analysis:
             entry["analysis"] = analysis[name]
-        if name in queue:
+        if any(job[0].split("/")[0] == name for job in queue):
             entry["status"] = "not started"
         summary["methods"][name] = entry
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -2,9 +2,9 @@
 
 It takes the flags the protocol passes to every script (--seed, --num-seeds, --run-dir, --max-minutes, --resume,
 --overwrite, --env-workers), and writes a run directory's small files as a run would: config.json (with the device
-it was given in CUDA_VISIBLE_DEVICES), metrics.csv and eval.csv at each of its steps, checkpoint.eqx and
-params_seed*.eqx, one step every --seconds-per-step, up to --total-timesteps; with --resume it continues from its
-last step. SIGTERM, or --max-minutes running out, stops it after a step with the checkpoint written; --fail makes it
+it was given in CUDA_VISIBLE_DEVICES, or the cores it may run on and its XLA_FLAGS), metrics.csv and eval.csv at
+each of its steps, checkpoint.eqx and params_seed*.eqx, one step every --seconds-per-step, up to --total-timesteps;
+with --resume it continues from its last step. SIGTERM, or --max-minutes running out, stops it after a step with the checkpoint written; --fail makes it
 exit 1 after its first step."""
 
 import argparse
@@ -38,8 +38,9 @@ if args.resume:
 else:
     assert args.overwrite or not run.exists() or not any(run.iterdir()), "a used run directory"
     run.mkdir(parents=True, exist_ok=True)
-    config = {"args": {"total_timesteps": args.total_timesteps, "num_seeds": args.num_seeds},
-              "device": os.environ.get("CUDA_VISIBLE_DEVICES"), "started": started}
+    config = {"args": {"total_timesteps": args.total_timesteps, "seed": args.seed, "num_seeds": args.num_seeds},
+              "device": os.environ.get("CUDA_VISIBLE_DEVICES"), "cores": sorted(os.sched_getaffinity(0)),
+              "xla_flags": os.environ.get("XLA_FLAGS", ""), "started": started}
     step = 0
     (run / "metrics.csv").write_text("step,seed\n")
     (run / "eval.csv").write_text("step,seed\n")
@@ -47,16 +48,17 @@ else:
 while step < args.total_timesteps:
     time.sleep(args.seconds_per_step)
     step += 1
+    seeds = range(args.seed, args.seed + args.num_seeds)
     with (run / "metrics.csv").open("a") as f:
-        f.write(f"{step},1\n")
+        f.write("".join(f"{step},{seed}\n" for seed in seeds))
     (run / "checkpoint.eqx").write_text(str(step))
     if args.fail:
         raise SystemExit(1)
     out_of_time = args.max_minutes is not None and time.time() - started > 60 * args.max_minutes
     if step == args.total_timesteps or stop or out_of_time:
         with (run / "eval.csv").open("a") as f:
-            f.write(f"{step},1\n")
-        for seed in range(1, args.num_seeds + 1):
+            f.write("".join(f"{step},{seed}\n" for seed in seeds))
+        for seed in seeds:
             (run / f"params_seed{seed}.eqx").write_bytes(bytes(10))
     if stop:
         raise SystemExit(128 + stop[0])

@@ -104,7 +104,9 @@ def compare(name: str, backend: str, module=None, gradients: bool = True):
 
 def gradient_rows(grads, ref_grads):
     """([(leaf, |grads - ref|, |ref|)], the largest leaf's |ref|) of two gradient trees of the same structure."""
-    paths = lambda tree: [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]  # noqa: E731
+    def paths(tree):
+        return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
     assert paths(grads) == paths(ref_grads)  # the same parameters (the backend, a static field, may differ)
     leaves = [(jax.tree_util.keystr(path), np.asarray(a, np.float64), np.asarray(b, np.float64)) for (path, b), a
               in zip(jax.tree_util.tree_flatten_with_path(ref_grads)[0], jax.tree.leaves(grads))]

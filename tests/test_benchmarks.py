@@ -7,13 +7,39 @@ import pytest
 from benchmarks import learner
 
 
-@pytest.mark.parametrize("name", list(learner.METHODS))
-def test_learner_benchmark_batch_is_a_valid_replay_item(name):
-    script, flags = learner.METHODS[name]
-    args = script.Args(**flags, replay_size=64, min_replay_size=8)
-    batch = jax.eval_shape(lambda key: learner.random_batch(script, args, key), jax.random.PRNGKey(0))
-    assert set(batch.steps._fields) == set(script.Step._fields)
-    assert batch.steps.obs.shape[:2] == (args.batch_size, args.sequence_length)
+def test_the_flop_count_goes_through_loops():
+    """benchmarks/hlo.py counts a matmul inside a 7-step scan 7 times (XLA's cost analysis counts its body once), a
+    matmul inside a fusion, and a nested loop by the product of the trip counts."""
+    import jax.numpy as jnp
+
+    from benchmarks.hlo import matmul_flops
+
+    a, b = jnp.ones((16, 32)), jnp.ones((32, 32))
+    one = 2 * 16 * 32 * 32
+
+    def inner(x):
+        return jax.lax.scan(lambda c, _: (jnp.tanh(c @ b), None), x, None, length=3)[0]
+
+    def program(x):
+        x = jnp.tanh(x @ b) + 1.0  # one outside the loops
+        x = jax.lax.scan(lambda c, _: (jnp.tanh(c @ b), None), x, None, length=7)[0]
+        return jax.lax.scan(lambda c, _: (inner(c), None), x, None, length=5)[0]
+
+    compiled = jax.jit(program).lower(a).compile()
+    assert matmul_flops(compiled.as_text()) == (1 + 7 + 5 * 3) * one
+
+
+def test_the_learner_benchmark_runs_every_method_tiny(capsys):
+    """Each method's rows (FARM's two backends) at tiny sizes: the scripts' own sgd_step in a scan, its FLOPs,
+    end to end."""
+    learner.main(learner.Args(method="all", tiny=True, steps=2, repeats=1, matmul_size=64, replay_size=64,
+                              json=True))
+    rows = [__import__("json").loads(line[4:]) for line in capsys.readouterr().out.splitlines()
+            if line.startswith("ROW ")]
+    assert [(r["method"], r["backend"]) for r in rows] == [
+        ("msfa", "plain"), ("msfa", "fused"), ("usfa", "-"), ("usfa-learned", "-"), ("uvfa", "-"),
+        ("uvfa-farm", "plain"), ("uvfa-farm", "fused"), ("mvfa", "plain"), ("mvfa", "fused")]
+    assert all(r["gflop"] > r["xla_gflop_per_body"] > 0 and r["env_sps_per_seed"] > 0 for r in rows)
 
 
 def test_minihack_benchmark_runs_its_env_rows(capsys):
@@ -36,18 +62,19 @@ def test_the_sgd_variants_command_runs_its_rows_and_survives_an_unknown_xla_flag
 
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-m", "benchmarks.sgd_variants", "--tiny", "--seeds", "1", "--calls", "1",
-                           "--budget-seconds", "500", "--rows", "pallas", "train_xla",
+                           "--budget-seconds", "500", "--rows", "pallas", "train_fused",
                            "--custom-flags=--xla_no_such_flag=1", "--out", str(out), "--work-dir",
                            str(tmp_path / "work")], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = {r["row"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
-    assert list(rows) == ["xla", "pallas", "train_xla", "custom"]  # the pallas row's xla partner comes first
-    assert [rows[n]["status"] for n in ("xla", "pallas", "train_xla")] == ["ok"] * 3, rows
+    assert list(rows) == ["fused", "pallas", "train_fused", "custom"]  # the pallas row's fused partner comes first
+    assert [rows[n]["status"] for n in ("fused", "pallas", "train_fused")] == ["ok"] * 3, rows
     assert "Unknown flag" in rows["custom"]["error"] and "--xla_no_such_flag" in rows["custom"]["error"]
     assert rows["pallas"]["grad_diff"] < 1e-5 and rows["pallas"]["priority_diff"] < 1e-5 and not rows["pallas"]["nan"]
-    assert rows["train_xla"]["env_sps_per_seed"] > 0 and rows["train_xla"]["learning"]
+    assert rows["train_fused"]["env_sps_per_seed"] > 0 and rows["train_fused"]["learning"]
+    assert rows["pallas"]["gflop"] > 0
     assert "fastest exact backend here" in done.stdout and "| custom |" in done.stdout
-    assert {p.name for p in out.iterdir()} == {"results.json", "sgd_variants.log", "hlo_xla.txt.gz",
+    assert {p.name for p in out.iterdir()} == {"results.json", "sgd_variants.log", "hlo_fused.txt.gz",
                                                "hlo_pallas.txt.gz"}
 
 
@@ -68,4 +95,4 @@ def test_the_sgd_variants_fruitbot_rows_time_drawing_against_stored_frames():
                                                                                      args.sequence_length)
     steps = jax.eval_shape(lambda s: script.replay_frames(setup, s), batch.steps)
     assert steps.obs.shape == (args.batch_size, args.sequence_length, 64, 64, 3)
-    assert "fruitbot_states_xla" in {r.name for r in sgd_variants.ROWS}
+    assert "fruitbot_states_fused" in {r.name for r in sgd_variants.ROWS}

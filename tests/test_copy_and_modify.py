@@ -179,10 +179,12 @@ def test_a_copy_with_another_inter_module_attention_trains_plain_and_is_evaluate
     assert net.core.backend == "plain" and type(net.core.farm).__module__ == "my_farm"
     import msfa_babyai
     original = msfa_babyai.make_network(args, jax.random.PRNGKey(0))  # the same parameters, the repository's FARM
-    state = jax.tree.map(lambda x: jax.random.normal(jax.random.PRNGKey(2), x.shape), original.core.initial_state())
+    state = jax.tree.map(lambda x: jax.random.normal(jax.random.PRNGKey(2), x.shape),
+                         original.core.initial_state())
     image_map = jax.random.normal(jax.random.PRNGKey(1), (5, 5, 16))
     vector = jax.numpy.ones(5)
-    assert not np.allclose(net.core.recur(image_map, vector, state)[0], original.core.recur(image_map, vector, state)[0])
+    assert not np.allclose(net.core.recur(image_map, vector, state)[0],
+                           original.core.recur(image_map, vector, state)[0])
     again, ran = replayed_evaluation(run, 128, tmp_path)
     assert again == ran and len(ran) > 0
     err = refused.stderr.strip().splitlines()

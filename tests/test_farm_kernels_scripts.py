@@ -1,6 +1,7 @@
-"""Every script that uses FARM takes the same SGD step with --core-backend pallas (Pallas' interpreter here) as with the
-plain FARM: every parameter's gradient and the sequences' priorities, on random batches with random episode starts, tasks,
-rewards and stored states (tiny networks; the paper's sizes of FARM itself: tests/test_farm_kernels.py)."""
+"""Every script that uses FARM takes the same SGD step with --core-backend pallas (Pallas' interpreter here) as with
+the plain FARM: every parameter's gradient and the sequences' priorities, on random batches with random episode
+starts, tasks, rewards and stored states (tiny networks; the paper's sizes of FARM itself:
+tests/test_farm_kernels.py)."""
 
 import jax
 import numpy as np
@@ -12,7 +13,7 @@ import uvfa
 from helpers import TINY_MSFA, TINY_UVFA, gradients_and_priorities
 
 RELATIVE = 1e-5
-"""per parameter leaf, |pallas - xla| <= RELATIVE |xla| + 1e-6 max_leaf |xla|, and the priorities within RELATIVE"""
+"""per parameter leaf, |pallas - plain| <= RELATIVE |plain| + 1e-6 max_leaf |plain|; the priorities within RELATIVE"""
 
 CASES = {
     "msfa_babyai": (msfa_babyai, TINY_MSFA, "babyai"),

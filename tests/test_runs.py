@@ -94,6 +94,53 @@ def test_sigint_at_a_random_moment_then_resume_gives_the_uninterrupted_run(tmp_p
     assert [r["step"] for r in config["resumes"]] == [stopped_at]
 
 
+def test_a_run_killed_before_its_first_checkpoint_starts_over_on_resume(tmp_path):
+    """SIGKILL while the run compiles (config.json and the logs' headers written, nothing saved): the command
+    without --resume is refused with the one that works, and --resume starts the run over from step 0 with its saved
+    settings, saying so in one line; it ends with the uninterrupted run's metrics and evaluations, and the killed
+    start's logs are kept aside."""
+    total = ["--total-timesteps", "256", "--log-every", "64", "--eval-every", "128", "--seed", "5"]
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    run_dir = tmp_path / "killed"
+    command = [sys.executable, "msfa_babyai.py", *FLAGS, *total, "--run-dir", str(run_dir)]
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while not (run_dir / "metrics.csv").exists():  # its logs opened (a header, no rows yet): it compiles
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(0.02)
+    process.kill()
+    process.wait()
+    assert not (run_dir / "checkpoint.eqx").exists()
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    err = again.stderr.strip().splitlines()
+    assert again.returncode == 2 and len(err) == 1, again.stderr[-2000:]
+    assert f"continue it with --resume --run-dir {run_dir}" in err[0]
+    resumed = subprocess.run([sys.executable, "msfa_babyai.py", "--resume", "--run-dir", str(run_dir)], cwd=ROOT,
+                             env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"no checkpoint yet: starting {run_dir} over from step 0 with its saved settings" in resumed.stdout
+    whole = tmp_path / "whole"
+    msfa.main(parse_args(msfa.Args, [*FLAGS, *total, "--run-dir", str(whole)]))
+    assert read(run_dir / "metrics.csv") == read(whole / "metrics.csv")
+    assert read(run_dir / "eval.csv") == read(whole / "eval.csv")
+    assert "started_over" in json.loads((run_dir / "config.json").read_text())
+    [aside] = run_dir.glob("started-over-*")
+    assert "metrics.csv" in {p.name for p in aside.iterdir()}
+
+
+def test_resume_without_settings_says_the_one_command_that_works(tmp_path, capsys):
+    """--resume where there is nothing to continue: no run at all (start one without --resume), or run files without
+    their settings (--overwrite starts anew); neither message sends the user back to the other command."""
+    line = one_line_exit(capsys, lambda: msfa.main(msfa.Args(**(SHORT | dict(run_dir=str(tmp_path / "none"),
+                                                                             resume=True)))))
+    assert "there is no run in" in line and "start one there without --resume" in line
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "metrics.csv").write_text("step,seed\n")
+    line = one_line_exit(capsys, lambda: msfa.main(msfa.Args(**(SHORT | dict(run_dir=str(half), resume=True)))))
+    assert "has no readable config.json" in line and "--overwrite (without --resume)" in line
+
+
 # ------------------------------------------------------------------------------------ never mix two runs
 def test_a_second_run_into_a_used_directory_is_refused_and_leaves_it_untouched(finished, capsys):
     before = digests(finished)
@@ -107,7 +154,7 @@ def test_a_half_written_directory_is_refused_too(tmp_path, capsys):
     run_dir.mkdir()
     (run_dir / "metrics.csv").write_text("step,seed\n64,1\n")  # a run that died before its first checkpoint
     line = one_line_exit(capsys, lambda: msfa.main(msfa.Args(**(SHORT | dict(run_dir=str(run_dir))))))
-    assert "already holds a run (metrics.csv)" in line
+    assert "holds run files without their settings (metrics.csv): --overwrite moves them aside" in line
     assert (run_dir / "metrics.csv").read_text() == "step,seed\n64,1\n"
 
 

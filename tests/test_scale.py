@@ -74,7 +74,8 @@ def test_the_protocol_runs_one_method_per_device_in_order_and_skips_complete_one
                  d="--total-timesteps 2")
     out = tmp_path / "protocol"
     with pytest.raises(SystemExit) as stopped:
-        protocol.main(protocol.Args(str(out), env="babyai", seeds=2, devices=("0", "1"), analysis_episodes=1))
+        protocol.main(protocol.Args(str(out), env="babyai", seeds=2, devices=("0", "1"), analysis_episodes=1,
+                                    seeds_apart=False))
     assert stopped.value.code == 1
     summary = read_summary(out)["methods"]
     assert [m for m, e in summary.items() if e["complete"]] == ["a", "b", "d"]
@@ -96,7 +97,8 @@ def test_the_protocol_stops_cleanly_at_max_minutes_or_ctrl_c_and_resumes(tmp_pat
     with 130 and says how to continue; --resume finishes the runs where they stopped."""
     fake_methods(monkeypatch, a="--total-timesteps 40 --seconds-per-step 0.25", b="--total-timesteps 2")
     out = tmp_path / "protocol"
-    protocol.main(protocol.Args(str(out), env="babyai", seeds=1, max_minutes=0.08, analysis_episodes=1))
+    protocol.main(protocol.Args(str(out), env="babyai", seeds=1, max_minutes=0.08, analysis_episodes=1,
+                                seeds_apart=False))
     summary = read_summary(out)["methods"]
     assert 0 < summary["a"]["share_of_protocol"] < 1 and summary["a"]["exit_status"] == 0
     assert summary["b"]["status"] == "not started" and not (out / "b").exists()
@@ -109,6 +111,34 @@ def test_the_protocol_stops_cleanly_at_max_minutes_or_ctrl_c_and_resumes(tmp_pat
     protocol.main(protocol.Args(str(out), resume=True))
     summary = read_summary(out)["methods"]
     assert summary["a"]["complete"] and summary["b"]["complete"]
+
+
+def test_on_a_cpu_each_seed_trains_in_its_own_pinned_process_and_the_seeds_are_merged(tmp_path, monkeypatch):
+    """The CPU's default (seeds_apart): every (method, seed) is a single-seed run in OUT_DIR/<method>/seed<k>/,
+    pinned to one of the cores with XLA single-threaded, as many at once as cores; when a method's seeds are all
+    complete, OUT_DIR/<method>/ holds them as one run of every seed (the rows of each, its parameter files, the
+    first seed's config with num_seeds), which the results tools read; --resume skips it."""
+    fake_methods(monkeypatch, a="--total-timesteps 3", b="--total-timesteps 2")
+    out = tmp_path / "protocol"
+    protocol.main(protocol.Args(str(out), env="babyai", seeds=3, devices=("0", "1"), analysis_episodes=1))
+    summary = read_summary(out)
+    assert summary["seeds_apart"] and all(e["complete"] for e in summary["methods"].values())
+    for method, steps in (("a", 3), ("b", 2)):
+        for k in (1, 2, 3):
+            config = json.loads((out / method / f"seed{k}" / "config.json").read_text())
+            assert config["args"]["seed"] == k and config["args"]["num_seeds"] == 1
+            assert len(config["cores"]) == 1 and config["cores"][0] in (0, 1) and config["device"] is None
+            assert protocol.SINGLE_THREADED in config["xla_flags"]
+        merged = json.loads((out / method / "config.json").read_text())
+        assert merged["args"]["num_seeds"] == 3 and merged["seeds_trained_apart"] == ["seed1", "seed2", "seed3"]
+        rows = (out / method / "eval.csv").read_text().splitlines()[1:]
+        assert rows == [f"{step},{seed}" for step in range(1, steps + 1) for seed in (1, 2, 3)][-3:]
+        assert sorted(p.name for p in (out / method).glob("params_seed*.eqx")) == [
+            "params_seed1.eqx", "params_seed2.eqx", "params_seed3.eqx"]
+        assert set(summary["methods"][method]["seed_runs"]) == {f"{method}/seed{k}" for k in (1, 2, 3)}
+    assert len({json.loads((out / "a" / f"seed{k}" / "config.json").read_text())["cores"][0] for k in (1, 2)}) == 2
+    protocol.main(protocol.Args(str(out), resume=True, devices=("0", "1")))
+    assert "seed_runs" in read_summary(out)["methods"]["a"] and not read_summary(out)["methods"]["a"]["seed_runs"]
 
 
 def test_the_protocol_refuses_bad_input_with_one_line(tmp_path, monkeypatch, capsys):
@@ -130,7 +160,8 @@ def test_the_protocol_refuses_bad_input_with_one_line(tmp_path, monkeypatch, cap
 
 def test_the_protocol_trains_two_real_methods_is_interrupted_resumes_and_completes(tmp_path):
     """python -m results.protocol on this CPU with tiny settings: MSFA and its entangled-psi ablation, two seeds
-    each; Ctrl-C once MSFA has a checkpoint; --resume completes both, and analyses their saved agents."""
+    each (each seed its own pinned process: the CPU's default); Ctrl-C once MSFA's first seed has a checkpoint;
+    --resume completes both, merges each method's seeds and analyses their saved agents."""
     out = tmp_path / "protocol"
     extra = " ".join([*TINY, *SMALL_NET, "--total-timesteps", "256", "--log-every", "32", "--eval-every", "64",
                       "--checkpoint-minutes", "0.01"])
@@ -138,12 +169,12 @@ def test_the_protocol_trains_two_real_methods_is_interrupted_resumes_and_complet
                "msfa_entangled_psi", "--seeds", "2", f"--extra={extra}", "--analysis-episodes", "2"]
     first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 600
-    while not (out / "msfa" / "checkpoint.eqx").exists() and first.poll() is None and time.time() < deadline:
+    while not (out / "msfa" / "seed1" / "checkpoint.eqx").exists() and first.poll() is None and time.time() < deadline:
         time.sleep(0.5)
     first.send_signal(signal.SIGINT)
     output = first.communicate(timeout=300)[0]
     assert first.returncode == 128 + signal.SIGINT, output[-3000:]
-    assert "continue with: python -m results.protocol" in output and "[msfa] step" in output
+    assert "continue with: python -m results.protocol" in output and "[msfa/seed1] step" in output
     stopped = read_summary(out)["methods"]
     assert not stopped["msfa"]["complete"] and stopped["msfa_entangled_psi"]["status"] == "not started"
     done = subprocess.run([sys.executable, "-m", "results.protocol", str(out), "--resume"], cwd=ROOT,
@@ -158,6 +189,50 @@ def test_the_protocol_trains_two_real_methods_is_interrupted_resumes_and_complet
         assert sorted(p.name for p in (out / name).glob("params_seed*.eqx")) == ["params_seed1.eqx",
                                                                               "params_seed2.eqx"]
     assert json.loads((out / "msfa" / "config.json").read_text())["resumes"]  # continued, not restarted
+
+
+def _kill_runs_in(folder: Path) -> int:
+    """SIGKILL every process whose command line names `folder` (the protocol's runs are their own sessions)."""
+    killed = 0
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(folder) in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode():
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed += 1
+        except (OSError, ProcessLookupError):
+            pass
+    return killed
+
+
+def test_a_protocol_killed_before_its_first_checkpoint_resumes_and_gives_the_uninterrupted_run(tmp_path):
+    """The protocol and its run SIGKILLed while the run compiles (config.json written, nothing saved): --resume
+    starts that run over with its saved settings; its metrics (but timing) and evaluations equal those of the same
+    protocol run without interruption."""
+    extra = " ".join([*TINY, *SMALL_NET, "--total-timesteps", "128", "--log-every", "64", "--eval-every", "64"])
+    command = lambda out: [sys.executable, "-m", "results.protocol", str(out), "--env", "babyai", "--methods",  # noqa
+                           "msfa", "--seeds", "1", f"--extra={extra}", "--analysis-episodes", "1"]
+    killed = tmp_path / "killed"
+    first = subprocess.Popen(command(killed), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while not (killed / "msfa" / "seed1" / "config.json").exists():
+        assert first.poll() is None and time.time() < deadline
+        time.sleep(0.02)
+    first.kill()
+    assert _kill_runs_in(killed) >= 1
+    first.wait()
+    assert not (killed / "msfa" / "seed1" / "checkpoint.eqx").exists()
+    resumed = subprocess.run([sys.executable, "-m", "results.protocol", str(killed), "--resume"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "no checkpoint yet: starting" in resumed.stdout
+    whole = tmp_path / "whole"
+    done = subprocess.run(command(whole), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:]
+    drop = ("sps", "rss_gb")
+    for table in ("metrics.csv", "eval.csv"):
+        rows = [[{k: v for k, v in r.items() if k not in drop} for r in read(out / "msfa" / table)]
+                for out in (killed, whole)]
+        assert rows[0] == rows[1] and rows[0], table
 
 
 @pytest.mark.parametrize("blocked, code", [

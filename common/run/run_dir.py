@@ -25,6 +25,10 @@ from common.run.settings import NOT_SETTINGS, _read_config, default_run_dir, saf
 RUN_FILES = ("config.json", "metrics.csv", "eval.csv", "checkpoint.eqx")
 
 
+def _listed(found: list[str]) -> str:
+    return ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+
+
 def _run_files(path: Path) -> list[str]:
     if not path.is_dir():
         return []
@@ -43,6 +47,7 @@ class RunDir:
         self.path = default_run_dir(args)
         self.checkpoint = self.path / "checkpoint.eqx"
         self.method, self.start_step, self.resumed_from, self.saved_step = method, 0, None, None
+        self.started_over = False  # --resume of a run stopped before its first checkpoint: it starts again at 0
         require(not self.path.exists() or self.path.is_dir(), f"--run-dir {self.path} is a file; pass a directory")
         require(not (args.resume and args.overwrite), "--resume and --overwrite exclude each other: pick one")
         if args.resume:
@@ -54,10 +59,12 @@ class RunDir:
                 require(not aside.exists(), f"--overwrite: {aside} exists already; try again in a second")
                 self.path.rename(aside)
                 print(f"moved the old run in {self.path} aside to {aside}", flush=True)
+            elif found and _read_config(self.path / "config.json") is not None:
+                raise ConfigError(f"{self.path} already holds a run ({_listed(found)}): continue it with --resume "
+                                  f"--run-dir {self.path} (or --overwrite moves it aside, or choose another --run-dir)")
             else:
-                require(not found, f"{self.path} already holds a run ({', '.join(found[:5])}"
-                                   f"{', ...' if len(found) > 5 else ''}): pass --resume to continue it, or choose "
-                                   "another --run-dir (--overwrite moves the old run aside)")
+                require(not found, f"{self.path} holds run files without their settings ({_listed(found)}): "
+                                   "--overwrite moves them aside, or choose another --run-dir")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -70,11 +77,12 @@ class RunDir:
         self.opened = self.last_save = time.monotonic()
 
     def _check_resume(self, args, total_steps: int) -> None:
-        require(self.checkpoint.exists(), f"--resume: no checkpoint at {self.checkpoint} (run files there: "
-                                          f"{', '.join(_run_files(self.path)) or 'none'}); start a run there first")
+        found = _run_files(self.path)
+        require(found, f"--resume: there is no run in {self.path}; start one there without --resume")
         config = _read_config(self.path / "config.json")
-        require(config is not None, f"--resume: {self.path / 'config.json'} is missing or unreadable; the run's "
-                                    "settings are unknown, so it cannot be resumed")
+        require(config is not None, f"--resume: {self.path} has no readable config.json ({_listed(found)}), so the "
+                                    "run's settings are unknown: --overwrite (without --resume) moves these files "
+                                    "aside and starts anew")
         # a setting the run's script did not have yet was its default then: the behaviour before it existed
         saved = {f.name: json.loads(json.dumps(f.default)) for f in dataclasses.fields(args)
                  if f.default is not dataclasses.MISSING} | config["args"]
@@ -85,6 +93,9 @@ class RunDir:
                              f"{', '.join(f'{k}={saved.get(k)!r}' for k in changed)}); only "
                              f"{', '.join('--' + k.replace('_', '-') for k in safe)} may; start a new --run-dir to "
                              "change the rest")
+        if not self.checkpoint.exists():
+            self._start_over(args)
+            return
         meta = read_checkpoint_header(self.checkpoint)
         require(meta is not None, f"{self.checkpoint} is empty or not a checkpoint; metrics.csv and eval.csv are "
                                   "untouched")
@@ -97,6 +108,25 @@ class RunDir:
             raise NothingToDo(f"{self.path} finished at step {self.start_step:,}, which covers --total-timesteps "
                               f"{args.total_timesteps:,}: nothing to do (pass a larger --total-timesteps to extend it)")
 
+    def _start_over(self, args) -> None:
+        """--resume of a run stopped before its first checkpoint (killed while compiling or filling replay, or
+        preempted early): nothing was saved, so it starts again at step 0 with its saved settings; what the killed
+        start logged (metrics.csv and eval.csv rows, TensorBoard files) goes to <run-dir>/started-over-<time>/."""
+        saved_agents = sorted(p.name for p in self.path.glob("params_seed*.eqx"))
+        require(not saved_agents, f"--resume: {self.path} has no checkpoint but holds saved agents "
+                                  f"({', '.join(saved_agents[:3])}: it ran with --no-checkpoint), so it cannot "
+                                  "continue; --overwrite (without --resume) moves it aside and starts anew")
+        aside = self.path / f"started-over-{time.strftime('%Y%m%d-%H%M%S')}"
+        logged = [p for p in self.path.iterdir() if p.name in ("metrics.csv", "eval.csv")
+                  or p.name.startswith("events.out.tfevents")]
+        if logged:
+            aside.mkdir()
+            for p in logged:
+                p.rename(aside / p.name)
+        print(f"no checkpoint yet: starting {self.path} over from step 0 with its saved settings"
+              f"{f' (what the stopped start logged: {aside})' if logged else ''}", flush=True)
+        self.started_over = True
+
     def write_config(self, config: dict) -> None:
         """config.json: every resolved argument, package versions and the git commit, plus what the script adds.
         On resume: the saved config with the new values of what changed, and one more entry in "resumes"."""
@@ -104,6 +134,8 @@ class RunDir:
         command = " ".join(sys.argv)
         if self.resumed_from is None:
             config = {"args": args, "script": self.script, **config, "versions": versions(), "command": command}
+            if self.started_over:  # a --resume that found no checkpoint: this is the run's first saved start
+                config["started_over"] = time.strftime("%Y-%m-%d %H:%M:%S")
         else:
             config = self.config
             config["args"] = {**config["args"], **{k: args[k] for k in self.resumed_from}}  # run_dir: where it is now
@@ -115,7 +147,10 @@ class RunDir:
         os.replace(tmp, self.path / "config.json")
 
     def restore(self, skeleton):
-        """The checkpoint's state and step; rows logged after the checkpoint are dropped (they will be logged again)."""
+        """The checkpoint's state and step; rows logged after the checkpoint are dropped (they will be logged again).
+        A run started over (no checkpoint yet) continues from the fresh state it was given, at step 0."""
+        if self.started_over:
+            return skeleton, 0
         state, meta = load_checkpoint(self.checkpoint, skeleton)
         for name in ("metrics.csv", "eval.csv"):
             drop_rows_after(self.path / name, meta["step"])

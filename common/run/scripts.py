@@ -39,7 +39,7 @@ def _import_script(path: Path):
         import importlib
 
         return importlib.import_module(path.stem)
-    if str(path.parent) not in sys.path:  # modules beside a copy (e.g. its own edited common/farm.py) import as when it ran
+    if str(path.parent) not in sys.path:  # modules beside a copy (its own edited farm.py, say) import as when it ran
         sys.path.append(str(path.parent))
     name = f"_script_{path.stem}_{abs(hash(str(path))) % 10**8}"
     spec = importlib.util.spec_from_file_location(name, path)
