@@ -31,10 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from common.envs.babyai import NUM_ACTIONS, TEST_TASKS, TRAIN_TASKS, EnvParams, GotoAvoid, make_params
+from common.envs.babyai import (MAX_STEPS, NUM_ACTIONS, OBJECTS_PER_CATEGORY, ROOM_SIZE, TEST_TASKS, TRAIN_TASKS,
+                                GotoAvoid, check_room)
 from common.farm import FarmCore
 from common.gpi import gpi_values
-from common.networks import MLP, count_params, oar_vector
+from common.networks import DQN_CHANNELS, MLP, count_params, oar_vector
 from common.run import (CUMULANT_SUMS, RunArgs, RunDir, check_replay_args, check_run_args, cumulant_stats, eval_rows,
                         exit_on_config_error, format_task, parse_args, require, require_non_negative, require_positive,
                         shard_seeds, train_in_chunks, whole_iterations)
@@ -45,7 +46,17 @@ from common.run import (CUMULANT_SUMS, RunArgs, RunDir, check_replay_args, check
 # =====================================================================================================================
 @dataclass
 class Args(RunArgs):
+    # --- The environment (defaults: the paper's room; a smaller one makes the miniature BabyAI) ---
+    grid_size: int = ROOM_SIZE
+    """the room's side, walls included (the paper's: 10, 8 x 8 walkable)"""
+    objects_per_category: int = OBJECTS_PER_CATEGORY
+    """objects of each of the 4 categories in the room"""
+    episode_steps: int = MAX_STEPS
+    """the episode's time limit (a truncation)"""
+
     # --- The algorithm: network, losses, sequences and targets, replay, optimiser, acting (defaults: the paper's) ---
+    torso_channels: tuple[int, int, int] = DQN_CHANNELS
+    """widths of the DQN torso's first three convolutions (its map is 5 x 5 x 16 whatever they are)"""
     num_modules: int = 4
     """FARM modules; each owns an equal slice of the task vector"""
     module_size: int | None = None
@@ -148,8 +159,9 @@ def check_args(args: Args) -> None:
                      "epsilon_base", "samples_per_insert")
     FarmCore.backend_to_run(args.core_backend)  # one of BACKENDS, and a fast one only for common/farm.py's FARM
     require_non_negative(args, "q_coeff", "sf_coeff", "phi_coeff", "seed", "importance_exponent")
-    require(all(x > 0 for x in args.psi_hidden + args.phi_hidden), "--psi-hidden and --phi-hidden sizes must be "
-                                                                   "positive")
+    require(all(x > 0 for x in args.psi_hidden + args.phi_hidden + args.torso_channels),
+            "--psi-hidden, --phi-hidden and --torso-channels sizes must be positive")
+    check_room(args.grid_size, args.objects_per_category, args.episode_steps)
     require(args.module_size is None or args.module_size > 0, f"--module-size must be positive, got {args.module_size}")
     require(TRAIN_TASKS.shape[1] % args.num_modules == 0,
             f"--num-modules must divide the task dimension {TRAIN_TASKS.shape[1]}, got {args.num_modules}")
@@ -193,7 +205,7 @@ class MSFANetwork(eqx.Module):
         n, d = args.num_modules, module_size(args)
         per_module = task_dim // n
         self.core = FarmCore(NUM_ACTIONS, n, d, args.attention_heads, args.projection_dim, k_core,
-                             backend=args.core_backend)
+                             backend=args.core_backend, torso_channels=args.torso_channels)
         if args.entangled_psi:
             self.psi_mlp = MLP((n * d + task_dim, *args.psi_hidden, NUM_ACTIONS * task_dim), k_psi)
         else:
@@ -473,7 +485,8 @@ def make_network(args: Args, key) -> MSFANetwork:
 
 
 def make_setup(args: Args) -> Setup:
-    env = GotoAvoid(obs_mode="symbolic", truncate_task_input=args.truncate_task_input)
+    env = GotoAvoid(obs_mode="symbolic", truncate_task_input=args.truncate_task_input, grid_size=args.grid_size,
+                    objects_per_category=args.objects_per_category, episode_steps=args.episode_steps)
     _, static = eqx.partition(make_network(args, jax.random.PRNGKey(0)), eqx.is_inexact_array)
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm),
                             optax.adam(args.learning_rate, eps=args.adam_eps))
@@ -483,7 +496,7 @@ def make_setup(args: Args) -> Setup:
         device="cpu" if jax.default_backend() == "cpu" else "gpu")
     lo, hi = args.epsilon_exponents
     epsilons = jnp.logspace(lo, hi, args.num_epsilons, base=args.epsilon_base)
-    return Setup(env, make_params(TRAIN_TASKS), static, optimizer, buffer, epsilons)
+    return Setup(env, env.make_params(TRAIN_TASKS), static, optimizer, buffer, epsilons)
 
 
 def init_train_state(setup: Setup, args: Args, key) -> TrainState:
@@ -632,7 +645,7 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS, gpi_settings=GPI_S
 
     def episode_return(params, key, w, use_gpi: bool):
         net = eqx.combine(params, setup.static)
-        env_params = EnvParams(tasks=w[None])
+        env_params = env.task_params(w)
         key_reset, key_run = jax.random.split(key)
         obs, env_state = env.reset(key_reset, env_params)
         carry0 = (env_state, obs, jnp.zeros((), jnp.int32), jnp.zeros(()), net.core.initial_state())

@@ -44,10 +44,10 @@ import optax
 from jax.experimental import io_callback
 
 from common.envs import babyai, fruitbot, fruitbot_jax, minihack
-from common.envs.babyai import EnvParams, GotoAvoid, Observation, make_params
+from common.envs.babyai import GotoAvoid, Observation, check_room
 from common.envs.host import play_first_episodes
 from common.gpi import gpi_values
-from common.networks import MLP, LSTMCore, count_params, oar_vector
+from common.networks import DQN_CHANNELS, MLP, LSTMCore, count_params, oar_vector
 from common.run import (CUMULANT_SUMS, RunArgs, RunDir, check_replay_args, check_replay_memory, check_run_args,
                         cumulant_stats, eval_rows, exit_on_config_error, format_task, parse_args, require,
                         require_non_negative, require_positive, shard_seeds, train_in_chunks, whole_iterations)
@@ -141,6 +141,14 @@ class Args(RunArgs):
     the host through io_callback (hard or easy only)"""
     room_size: str = "5x5"
     """MiniHack: 5x5 (the paper's small room) or 15x15 (the large room)"""
+    grid_size: int = babyai.ROOM_SIZE
+    """BabyAI: the room's side, walls included (the paper's: 10, 8 x 8 walkable; smaller: the miniature BabyAI)"""
+    objects_per_category: int = babyai.OBJECTS_PER_CATEGORY
+    """BabyAI: objects of each of the 4 categories in the room"""
+    episode_steps: int = babyai.MAX_STEPS
+    """BabyAI: the episode's time limit (a truncation)"""
+    torso_channels: tuple[int, int, int] = DQN_CHANNELS
+    """BabyAI: widths of the DQN torso's first three convolutions (its map is 5 x 5 x 16 whatever they are)"""
     train_levels: int | None = None
     """Fruitbot, MiniHack: training levels: level seeds 0..train_levels-1 (procgen, MiniHack), or with Fruitbot's JAX
     backend a pool of that many levels per task drawn once from key 0 (the same for every seed, as procgen's); 0: a
@@ -220,12 +228,23 @@ def on_host(args: Args) -> bool:
     return args.env == "minihack" or (args.env == "fruitbot" and args.env_backend == "procgen")
 
 
+BABYAI_SIZES = ("grid_size", "objects_per_category", "episode_steps", "torso_channels")
+"""settings of BabyAI's room and of its DQN torso (the miniature BabyAI changes them)"""
+
+
 def check_args(args: Args) -> None:
     """Refuse settings that cannot work, with one line saying what to change."""
     check_run_args(args)
     require(args.env in ENVS, f"--env must be one of {', '.join(ENVS)}, got {args.env!r}")
     require(args.env != "minihack" or args.room_size in minihack.ROOM_SIZES,
             f"--room-size must be one of {', '.join(minihack.ROOM_SIZES)}, got {args.room_size!r}")
+    babyai_only = [f for f in BABYAI_SIZES if getattr(args, f) != getattr(Args, f)]
+    require(args.env == "babyai" or not babyai_only, f"{', '.join('--' + f.replace('_', '-') for f in babyai_only)} "
+                                                     f"set BabyAI's room and torso; --env {args.env} has its own "
+                                                     "sizes: leave them out")
+    if args.env == "babyai":
+        check_room(args.grid_size, args.objects_per_category, args.episode_steps)
+        require(all(c > 0 for c in args.torso_channels), f"--torso-channels must be positive, got {args.torso_channels}")
     require_positive(args, "env_workers")
     require(args.env == "minihack" or args.env_workers == 1, f"--env-workers is a MiniHack setting ({args.env}'s envs "
                                                              f"step in this process)")
@@ -314,7 +333,8 @@ class USFANetwork(eqx.Module):
     def __init__(self, args: Args, task_dim: int, key):
         k_core, k_psi, k_phi = jax.random.split(key, 3)
         self.num_actions = env_module(args).NUM_ACTIONS
-        self.core = LSTMCore(self.num_actions, args.lstm_size, k_core, torso=TORSOS[args.env])
+        self.core = LSTMCore(self.num_actions, args.lstm_size, k_core, torso=TORSOS[args.env],
+                             torso_channels=args.torso_channels if args.env == "babyai" else None)
         self.psi_mlp = MLP((args.lstm_size + task_dim, *args.psi_hidden, self.num_actions * task_dim), k_psi)
         self.phi_mlp = (MLP((2 * args.lstm_size, *args.phi_hidden, task_dim), k_phi)
                         if args.learned_cumulants else None)
@@ -669,8 +689,9 @@ def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
         env_params = env.make_params(fruitbot.TRAIN_TASKS, num_levels=args.train_levels, seed=0)
         render = lambda image: image  # noqa: E731  (Fruitbot stores frames)
     else:
-        env = GotoAvoid(obs_mode="symbolic", truncate_task_input=args.truncate_task_input)
-        env_params, render = make_params(babyai.TRAIN_TASKS), env.rgb_from_symbolic
+        env = GotoAvoid(obs_mode="symbolic", truncate_task_input=args.truncate_task_input, grid_size=args.grid_size,
+                        objects_per_category=args.objects_per_category, episode_steps=args.episode_steps)
+        env_params, render = env.make_params(babyai.TRAIN_TASKS), env.rgb_from_symbolic
     _, static = eqx.partition(make_network(args, jax.random.PRNGKey(0)), eqx.is_inexact_array)
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm),
                             optax.adam(args.learning_rate, eps=args.adam_eps))
@@ -890,7 +911,7 @@ def make_evaluate(setup: Setup, args: Args, tasks=None, gpi_settings=GPI_SETTING
 
     def episode_return(params, key, w, use_gpi: bool):
         net = eqx.combine(params, setup.static)
-        env_params = EnvParams(tasks=w[None])
+        env_params = env.task_params(w)
         key_reset, key_run = jax.random.split(key)
         obs, env_state = env.reset(key_reset, env_params)
         carry0 = (env_state, obs, jnp.zeros((), jnp.int32), jnp.zeros(()), net.core.initial_state())

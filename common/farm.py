@@ -177,10 +177,11 @@ class FarmCore(eqx.Module):
     backend: str = eqx.field(static=True, default="fused")
 
     def __init__(self, num_actions: int, num_modules: int, module_size: int, num_heads: int, projection: int, key,
-                 torso: str = "dqn", backend: str | None = None):
+                 torso: str = "dqn", backend: str | None = None, torso_channels: tuple[int, ...] | None = None):
+        """torso_channels: the torso's widths (None: its default, the original's)."""
         k_torso, k_farm = jax.random.split(key)
         torso_class, (height, width, channels) = TORSOS[torso]
-        self.torso = torso_class(k_torso)
+        self.torso = torso_class(k_torso) if torso_channels is None else torso_class(k_torso, channels=torso_channels)
         self.farm = FARM(num_modules, module_size, num_heads, channels=channels, num_pixels=height * width,
                          vector_size=num_actions + 1, projection=projection, key=k_farm)
         self.num_actions, self.backend = num_actions, FarmCore.backend_to_run(backend)

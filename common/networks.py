@@ -116,17 +116,22 @@ TORSO_MAP_SHAPE = (5, 5, 16)
 """the DQN torso's output on the 40x40 RGB view: one 16-channel cell per visible grid tile"""
 
 
+DQN_CHANNELS = (32, 64, 64)
+"""the DQN torso's channels before its last 1x1 convolution (the original's)"""
+
+
 class DQNTorso(eqx.Module):
     """The original's "atari" torso: conv 32x8x8/4, 64x4x4/2, 64x3x3/1 (ReLU), 16x1x1; on 40x40 RGB it keeps one
-    5x5 cell per grid tile. Input uint8 [H, W, 3]; output float [H/8, W/8, 16]."""
+    5x5 cell per grid tile. Input uint8 [H, W, 3]; output float [H/8, W/8, 16]. `channels` sets the first three
+    convolutions' widths (a smaller torso; the map it gives is the same shape)."""
 
     convs: tuple[Conv2d, ...]
 
-    def __init__(self, key):
+    def __init__(self, key, channels: tuple[int, int, int] = DQN_CHANNELS):
         k = jax.random.split(key, 4)
-        self.convs = (
-            Conv2d(3, 32, 8, 4, k[0]), Conv2d(32, 64, 4, 2, k[1]), Conv2d(64, 64, 3, 1, k[2]), Conv2d(64, 16, 1, 1, k[3])
-        )
+        a, b, c = channels
+        self.convs = (Conv2d(3, a, 8, 4, k[0]), Conv2d(a, b, 4, 2, k[1]), Conv2d(b, c, 3, 1, k[2]),
+                      Conv2d(c, TORSO_MAP_SHAPE[-1], 1, 1, k[3]))
 
     def __call__(self, image):
         x = image.astype(jnp.float32) / 255.0
@@ -204,11 +209,12 @@ class LSTMCore(eqx.Module):
     num_actions: int = eqx.field(static=True)  # the size of the one-hot previous action it reads
     flat: eqx.nn.Linear | None = None
 
-    def __init__(self, num_actions: int, hidden_size: int, key, torso: str = "dqn", flat_size: int = 256):
+    def __init__(self, num_actions: int, hidden_size: int, key, torso: str = "dqn", flat_size: int = 256,
+                 torso_channels: tuple[int, ...] | None = None):
         k_torso, k_lstm, k_flat = jax.random.split(key, 3)
         self.num_actions = num_actions
         torso_class, map_shape = TORSOS[torso]
-        self.torso = torso_class(k_torso)
+        self.torso = torso_class(k_torso) if torso_channels is None else torso_class(k_torso, channels=torso_channels)
         features = math.prod(map_shape)
         if torso == "impala":
             self.flat, features = linear(features, flat_size, k_flat), flat_size

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import tyro
 
-from common.envs.babyai import CATEGORY_KINDS, TEST_TASKS, TRAIN_TASKS, EnvParams
+from common.envs.babyai import CATEGORY_KINDS, TEST_TASKS, TRAIN_TASKS
 from common.run import cumulant_quality, cumulant_stats, exit_on_config_error, format_task, require
 from results import contract
 from results.contract import play_names, require_names, run_label
@@ -120,7 +120,7 @@ def rollout(agent: Agent, tasks: np.ndarray, episodes: int, use_gpi: bool, key) 
     learned = has_learned_phi(agent)
 
     def episode(key, w):
-        env_params = EnvParams(tasks=w[None])
+        env_params = env.task_params(w)
         key_reset, key_run = jax.random.split(key)
         obs, env_state = env.reset(key_reset, env_params)
         carry0 = (env_state, obs, jnp.zeros((), jnp.int32), jnp.zeros(()), net.core.initial_state())

@@ -36,7 +36,7 @@ import tyro
 from common.envs.babyai import bfs_oracle_returns, random_policy_returns
 from common.run import exit_on_config_error, format_task, require
 from results.compare import label, read_eval
-from results.summarize import env_tasks, pooled_return, run_env
+from results.summarize import babyai_room, env_tasks, pooled_return, run_env
 
 
 @dataclass
@@ -87,8 +87,13 @@ def main(args: Args) -> None:
     # references: (BFS oracle or None, random play) per test task; random_lines: random play per train/test task
     references, random_lines = None, None
     if args.reference_episodes and env == "babyai":  # the BFS oracle exists for BabyAI only
-        references = (bfs_oracle_returns(test_tasks, args.reference_episodes)[0],
-                      random_policy_returns(test_tasks, args.reference_episodes)[0])
+        rooms = {d: babyai_room(d) for d in runs}
+        sizes = {(r.grid_size, r.objects_per_category, r.episode_steps) for r in rooms.values()}
+        require(len(sizes) == 1, f"the runs trained in different rooms (grid size, objects per category, episode "
+                                 f"length: {sorted(sizes)}); plot each room's runs apart")
+        room = rooms[runs[0]]
+        references = (bfs_oracle_returns(test_tasks, args.reference_episodes, env=room)[0],
+                      random_policy_returns(test_tasks, args.reference_episodes, env=room)[0])
     if args.reference_episodes and env == "minihack":
         random_lines = minihack_random_success(runs[0], train_tasks, test_tasks, args.reference_episodes)
         references = (None, random_lines[1])

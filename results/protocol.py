@@ -81,6 +81,28 @@ METHODS = {  # per env, in the order the paper's claims need them: name -> scrip
         "mvfa": "uvfa.py --env minihack --modular",
     },
 }
+SCALES = {
+    "paper": {},
+    # The miniature BabyAI: the paper's methods, losses, n-step, replay ratio, batch, optimiser, epsilon schedule and
+    # GPI, in a smaller room with every network's widths divided by 4 and a budget at which MSFA and USFA with the
+    # env's cumulants both reach 80% of the BFS oracle's train-task return (docs/babyai.md: every setting tried);
+    # replay capacity, target-network period and evaluation period scale with the budget.
+    "mini": {"babyai": {
+        "all": "--grid-size 6 --objects-per-category 1 --episode-steps 50 --torso-channels 8 16 16 "
+               "--total-timesteps 300000 --replay-size 6000 --target-update-period 150 --eval-every 60000",
+        "msfa": "--module-size 38 --psi-hidden 32 --phi-hidden 64 64",
+        "msfa_entangled_psi": "--module-size 38 --psi-hidden 32 --phi-hidden 64 64",
+        "msfa_entangled_phi": "--module-size 35 --psi-hidden 32 --phi-hidden 64 64",
+        "msfa_entangled_both": "--module-size 35 --psi-hidden 32 --phi-hidden 64 64",
+        "usfa_learned": "--lstm-size 128 --psi-hidden 32 --phi-hidden 64 64",
+        "usfa": "--lstm-size 128 --psi-hidden 32",
+        "uvfa_farm": "--module-size 38 --q-hidden 32",
+        "uvfa": "--lstm-size 128 --q-hidden 32",
+        "mvfa": "--module-size 38 --q-hidden 32",
+    }},
+}
+"""--scale: flags added to every method's command ("all") and to each method's own (its networks' sizes), before
+--extra; "paper" adds none (the scripts' defaults are the paper's settings)"""
 HOST_ENVS = ("minihack",)
 """envs stepped by C++ on the host (NLE): their runs get --env-workers processes per seed's envs"""
 ANALYSES = ("babyai",)
@@ -111,8 +133,11 @@ class Args:
     process (default: on a CPU, where it trains the most seeds per hour: benchmarks/cpu_seeds.py, docs/scale.md)"""
     env_workers: int = 8
     """MiniHack: worker processes stepping each seed's envs"""
+    scale: str = "paper"
+    """paper (the scripts' defaults, the paper's settings), or mini: the miniature BabyAI that every method finishes
+    on a CPU (SCALES; results/babyai/mini_cpu/)"""
     extra: str = ""
-    """flags added to every run's command line (e.g. "--core-backend pallas", or tiny settings in the tests)"""
+    """flags added to every run's command line, after --scale's (e.g. "--core-backend pallas", tiny test settings)"""
     max_minutes: float | None = None
     """stop every run cleanly after this many minutes (each evaluates and checkpoints first); --resume continues"""
     resume: bool = False
@@ -121,7 +146,7 @@ class Args:
     """greedy episodes per task and seed of results.analyze at the end (the paper's Table A: 40)"""
 
 
-SAVED = ("env", "methods", "seeds", "env_workers", "extra", "seeds_apart")
+SAVED = ("env", "methods", "seeds", "env_workers", "scale", "extra", "seeds_apart")
 """the settings protocol.json keeps for --resume"""
 
 
@@ -138,6 +163,8 @@ def run_flags(args: Args, name: str, seed: int = 1, seeds: int | None = None) ->
     script, *flags = shlex.split(METHODS[args.env][name])
     if args.env in HOST_ENVS:
         flags += ["--env-workers", str(args.env_workers)]
+    scale = SCALES[args.scale].get(args.env, {})
+    flags += shlex.split(scale.get("all", "")) + shlex.split(scale.get(name, ""))
     return [str(ROOT / script), *flags, "--seed", str(seed), "--num-seeds", str(seeds or args.seeds),
             *shlex.split(args.extra)]
 
@@ -300,7 +327,7 @@ def replay_bytes_per_seed(args: Args) -> int:
     for name in args.methods:
         script, *flags = shlex.split(METHODS[args.env][name])
         module = importlib.import_module(Path(script).stem)
-        sizes.append(module.replay_bytes(tyro.cli(module.Args, args=[*flags, *shlex.split(args.extra)])))
+        sizes.append(module.replay_bytes(tyro.cli(module.Args, args=run_flags(args, name, seeds=1)[1:])))
     return max(sizes)
 
 
@@ -312,7 +339,7 @@ def resolve(args: Args) -> Args:
     if args.resume:
         require(saved_file.exists(), f"--resume: {saved_file} does not exist; start the protocol there first "
                                      "(without --resume, with --env)")
-        saved = {"seeds_apart": False} | json.loads(saved_file.read_text())  # (written before seeds_apart existed)
+        saved = {"seeds_apart": False, "scale": "paper"} | json.loads(saved_file.read_text())  # (older ones lack these)
         given = {k: getattr(args, k) for k in SAVED if getattr(args, k) not in (None, (), "")}
         differs = {k: v for k, v in given.items() if (tuple(v) if isinstance(v, list) else v) !=
                    (tuple(saved[k]) if isinstance(saved[k], list) else saved[k])}
@@ -320,6 +347,9 @@ def resolve(args: Args) -> Args:
                              f"{', '.join(f'--{k.replace(chr(95), chr(45))}' for k in differs)}")
         return dataclasses.replace(args, **{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
     require(args.env in METHODS, f"--env must be one of {', '.join(METHODS)}, got {args.env}")
+    require(args.scale in SCALES, f"--scale must be one of {', '.join(SCALES)}, got {args.scale!r}")
+    require(args.scale == "paper" or args.env in SCALES[args.scale],
+            f"--scale {args.scale} exists for {', '.join(SCALES[args.scale])} only, not --env {args.env}")
     require(not (saved_file.exists() or (out.exists() and any(out.iterdir()))),
             f"{out} already holds a protocol or other files; continue it with --resume, or pass a new OUT_DIR")
     known = METHODS[args.env]
@@ -399,12 +429,15 @@ def main(args: Args) -> None:
             signal.signal(signum, handler)
 
     analysis = analyze(args, [m for m in args.methods if (out / m).exists()]) if not stop else {}
-    summary = {"device": device, "env": args.env, "seeds": args.seeds, "seeds_apart": args.seeds_apart,
+    summary = {"device": device, "env": args.env, "scale": args.scale, "seeds": args.seeds,
+               "seeds_apart": args.seeds_apart,
                "extra": args.extra,
                "devices": list(args.devices), "wall_seconds": round(time.time() - start, 1), "methods": {}}
     for name in args.methods:
         steps, total = method_progress(args, name)
-        entry = {"command": METHODS[args.env][name], "env_steps_per_seed": steps, "total_timesteps": total,
+        script, *flags = run_flags(args, name)
+        entry = {"command": shlex.join([str(Path(script).relative_to(ROOT)), *flags]), "env_steps_per_seed": steps,
+                 "total_timesteps": total,
                  "share_of_protocol": round(steps / total, 4) if total else 0.0,
                  "complete": complete(out / name), **results.get(name, {})}
         if args.seeds_apart:

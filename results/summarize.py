@@ -49,6 +49,16 @@ def args_env(saved: dict) -> str:
     return "minihack" if "room_size" in saved else "fruitbot" if "distribution_mode" in saved else "babyai"
 
 
+def babyai_room(run_dir: Path) -> babyai.GotoAvoid:
+    """The GotoAvoid room a BabyAI run trained in (its grid size, objects and episode length from config.json; the
+    paper's room for runs saved before they were settings): the room its references are played in."""
+    config = Path(run_dir) / "config.json"
+    saved = json.loads(config.read_text()).get("args", {}) if config.exists() else {}
+    return babyai.GotoAvoid(obs_mode="symbolic", grid_size=saved.get("grid_size", babyai.ROOM_SIZE),
+                            objects_per_category=saved.get("objects_per_category", babyai.OBJECTS_PER_CATEGORY),
+                            episode_steps=saved.get("episode_steps", babyai.MAX_STEPS))
+
+
 def env_tasks(run_dirs) -> tuple[np.ndarray, np.ndarray]:
     """(train tasks, test tasks) of the runs' environment; runs of different environments are refused."""
     envs = {run_env(Path(d)) for d in run_dirs}
@@ -135,8 +145,8 @@ def main(args: Args) -> None:
     oracle = defaultdict(lambda: "(not run)" if babyai_run else "-")
     rand = defaultdict(lambda: "(not run)" if babyai_run else "-")
     for tasks in (train_tasks, test_tasks) if args.episodes and babyai_run else ():
-        o, ose = bfs_oracle_returns(tasks, args.episodes)
-        r, rse = random_policy_returns(tasks, args.episodes)
+        o, ose = bfs_oracle_returns(tasks, args.episodes, env=babyai_room(Path(args.run_dir)))
+        r, rse = random_policy_returns(tasks, args.episodes, env=babyai_room(Path(args.run_dir)))
         for w, a, b, c, d in zip(tasks, o, ose, r, rse):
             oracle[format_task(w)], rand[format_task(w)] = f"{a:.2f} ± {b:.2f}", f"{c:.2f} ± {d:.2f}"
     env = run_env(Path(args.run_dir))

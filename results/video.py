@@ -137,18 +137,18 @@ def make_decide(script, setup, env: str, args, use_gpi: bool):
 
 def play_babyai(script, setup, args, params, w, use_gpi: bool, key, max_steps: int) -> Trace:
     """BabyAI: the evaluation's episode (make_evaluate's key layout: [GPI setting, task, episode])."""
-    from common.envs.babyai import EnvParams
     from common.envs.minigrid_twin import GotoAvoidMiniGrid
 
     env = setup.env
-    env_params = EnvParams(tasks=jnp.asarray(w)[None])
+    env_params = env.task_params(jnp.asarray(w))
     decide = make_decide(script, setup, "babyai", args, use_gpi)
     k_episode = jax.random.split(key, (2, 1, 1))[int(use_gpi)][0, 0]
     key_reset, key_run = jax.random.split(k_episode)
     obs, state = env.reset(key_reset, env_params)
     rnn = eqx.combine(params, setup.static).core.initial_state()
     prev_action, prev_reward = jnp.zeros((), jnp.int32), jnp.zeros(())
-    twin = GotoAvoidMiniGrid(obs_mode="rgb")
+    twin = GotoAvoidMiniGrid(obs_mode="rgb", grid_size=env.grid_size, objects_per_category=env.objects_per_category,
+                             max_steps=env.episode_steps)
     step = jax.jit(env.step)
     rows = _Rows()
     steps = min(max_steps, env_params.max_steps_in_episode)

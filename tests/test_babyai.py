@@ -142,6 +142,21 @@ def test_oracle_picks_up_what_is_in_front_and_turns_to_it():
     assert int(bfs_oracle_action(facing.replace(w=jnp.array([0.0, 1, 0, 0])))) != PICKUP
 
 
+@pytest.mark.parametrize("room", [dict(grid_size=6, objects_per_category=1, episode_steps=50),
+                                  dict(grid_size=5, objects_per_category=1, episode_steps=30)], ids=["6-1-50", "5-1-30"])
+def test_a_smaller_room_has_valid_layouts_and_its_oracle_beats_random_play(room):
+    env = GotoAvoid(obs_mode="symbolic", **room)
+    keys = jax.random.split(jax.random.PRNGKey(0), 64)
+    _, states = jax.vmap(env.reset, (0, None))(keys, env.make_params(TRAIN_TASKS))
+    cells = np.concatenate([np.asarray(states.obj_pos), np.asarray(states.agent_pos)[:, None]], axis=1)
+    assert all(len({tuple(c) for c in layout}) == env.num_objects + 1 for layout in cells)
+    assert (cells >= 1).all() and (cells <= room["grid_size"] - 2).all()  # inside the walls
+    oracle, _ = bfs_oracle_returns(TRAIN_TASKS, num_episodes=8, env=env)
+    rand, _ = random_policy_returns(TRAIN_TASKS, num_episodes=8, env=env)
+    assert (oracle > rand + 2).all(), (oracle, rand)
+    assert int(env.default_params.max_steps_in_episode) == room["episode_steps"]
+
+
 def test_oracle_beats_random_play():
     oracle, oracle_se = bfs_oracle_returns(TRAIN_TASKS[:2], num_episodes=8)
     rand, _ = random_policy_returns(TRAIN_TASKS[:2], num_episodes=8)
@@ -161,6 +176,10 @@ def test_oracle_beats_random_play():
         (lambda: GotoAvoidMiniGrid(tasks=[[1, 2]]), "task vector must have 4 weights"),
         (lambda: GotoAvoidMiniGrid(obs_mode="pixels"), "unknown observation mode"),
         (lambda: bfs_oracle_returns(num_episodes=1), "num_episodes must be at least 2"),
+        (lambda: GotoAvoid(grid_size=4, objects_per_category=1), "a grid of size 4 .4 walkable cells. cannot hold 4"),
+        (lambda: GotoAvoid(grid_size=6, objects_per_category=3), "cannot hold 12 objects .*: at most 2 per category fit"),
+        (lambda: GotoAvoid(grid_size=2), "must be an integer >= 3, got 2"),
+        (lambda: GotoAvoid(episode_steps=0), "the episode length must be a positive integer"),
     ],
 )
 def test_bad_input_is_refused_with_a_clear_message(make, message):

@@ -22,10 +22,11 @@ from common.envs.minigrid_twin import GotoAvoidMiniGrid
 MODES = ("rgb", "symbolic")
 
 
-def jax_rollout(num_envs: int, num_steps: int, seed: int, view_size: int = 5):
-    """Random-action rollouts of the JAX env in both observation modes from the same keys."""
-    envs = {mode: GotoAvoid(obs_mode=mode, view_size=view_size) for mode in MODES}
-    params = make_params(np.concatenate([TRAIN_TASKS, TEST_TASKS]))
+def jax_rollout(num_envs: int, num_steps: int, seed: int, view_size: int = 5, **room):
+    """Random-action rollouts of the JAX env in both observation modes from the same keys (room: GotoAvoid's
+    grid_size, objects_per_category, episode_steps; default the paper's)."""
+    envs = {mode: GotoAvoid(obs_mode=mode, view_size=view_size, **room) for mode in MODES}
+    params = envs["rgb"].make_params(np.concatenate([TRAIN_TASKS, TEST_TASKS]))
     key_reset, key_run = jax.random.split(jax.random.PRNGKey(seed))
     reset_keys = jax.random.split(key_reset, num_envs)
 
@@ -61,12 +62,14 @@ def layout_of(state, e, t=None):
     return {"layout": (pick(state.agent_pos), pick(state.agent_dir), pick(state.obj_pos)), "w": pick(state.w)}
 
 
-def first_mismatch(obs0, state0, records, twin_cls=GotoAvoidMiniGrid, view_size: int = 5):
+def first_mismatch(obs0, state0, records, twin_cls=GotoAvoidMiniGrid, view_size: int = 5, grid_size: int = 10,
+                   objects_per_category: int = 3, episode_steps: int = 200):
     """Replay every JAX rollout in the twin; return a description of the first disagreement, or None."""
     num_steps, num_envs = records["action"].shape
     pickups = 0
+    room = dict(grid_size=grid_size, objects_per_category=objects_per_category, max_steps=episode_steps)
     for e in range(num_envs):
-        twins = {mode: twin_cls(obs_mode=mode, view_size=view_size) for mode in MODES}
+        twins = {mode: twin_cls(obs_mode=mode, view_size=view_size, **room) for mode in MODES}
         for mode, twin in twins.items():
             obs, _ = twin.reset(options=layout_of(state0, e))
             if not np.array_equal(obs["image"], obs0[mode].image[e]) or not np.array_equal(obs["w"], obs0[mode].w[e]):
@@ -113,6 +116,19 @@ def test_random_rollouts_match_minigrid_twin(rollout):
     assert pickups >= 200, pickups
     assert (records["reward"] < 0).any() and (records["reward"] > 0).any()
     assert first_mismatch(obs0, state0, records) is None
+
+
+@pytest.mark.parametrize("room", [dict(grid_size=6, objects_per_category=1, episode_steps=50),
+                                  dict(grid_size=5, objects_per_category=1, episode_steps=30),
+                                  dict(grid_size=8, objects_per_category=2, episode_steps=60)],
+                         ids=["6-1-50", "5-1-30", "8-2-60"])
+def test_a_smaller_room_matches_its_twin_too(room):
+    """The same agreement in rooms of other sizes (the miniature BabyAI's among them): 12 envs x 150 steps, with
+    resets at every episode end, pickups and respawns in rooms where few cells are free."""
+    obs0, state0, records = jax_rollout(num_envs=12, num_steps=150, seed=1, **room)
+    assert records["truncated"].sum() >= 12 and records["info"]["phi"].sum() >= 30
+    assert state0.obj_pos.shape[1] == 4 * room["objects_per_category"]
+    assert first_mismatch(obs0, state0, records, **room) is None
 
 
 def poses_of(layout_obj_pos):

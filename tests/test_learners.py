@@ -410,7 +410,7 @@ BAD = [
     (dict(sequence_length=20), "--sequence-length must be --sequence-period + 1"),
     (dict(gamma=1.5), "--gamma must be in (0, 1]"),
     (dict(min_replay_size=2), "--min-replay-size must be at least --batch-size"),
-    (dict(resume=True, run_dir="/nonexistent/run"), "no checkpoint"),
+    (dict(resume=True, run_dir="/nonexistent/run"), "there is no run in /nonexistent/run; start one there"),
     (dict(learning_rate=-1.0), "--learning-rate must be positive"),
     (dict(adam_eps=0.0), "--adam-eps must be positive"),
     (dict(replay_size=16, min_replay_size=8, num_envs=32), "--replay-size must hold one insert of --num-envs"),

@@ -208,7 +208,7 @@ def test_a_protocol_killed_before_its_first_checkpoint_resumes_and_gives_the_uni
     """The protocol and its run SIGKILLed while the run compiles (config.json written, nothing saved): --resume
     starts that run over with its saved settings; its metrics (but timing) and evaluations equal those of the same
     protocol run without interruption."""
-    extra = " ".join([*TINY, *SMALL_NET, "--total-timesteps", "128", "--log-every", "64", "--eval-every", "64"])
+    extra = " ".join([*TINY, *SMALL_NET, "--total-timesteps", "64", "--log-every", "32", "--eval-every", "64"])
     command = lambda out: [sys.executable, "-m", "results.protocol", str(out), "--env", "babyai", "--methods",  # noqa
                            "msfa", "--seeds", "1", f"--extra={extra}", "--analysis-episodes", "1"]
     killed = tmp_path / "killed"
@@ -253,15 +253,16 @@ def test_the_scripts_import_without_the_other_envs_packages(blocked, code):
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("env", list(protocol.METHODS))
-def test_every_protocol_command_is_valid_for_its_script(env):
-    """Each method's script accepts the protocol's flags for it and its checks pass them."""
+@pytest.mark.parametrize("env, scale", [(env, "paper") for env in protocol.METHODS] + [("babyai", "mini")])
+def test_every_protocol_command_is_valid_for_its_script(env, scale):
+    """Each method's script accepts the protocol's flags for it (at the paper's scale, and the miniature BabyAI's)
+    and its checks pass them."""
     import importlib
 
     import tyro
 
     for name in protocol.METHODS[env]:
-        script, *flags = protocol.run_flags(protocol.Args("out", env=env, seeds=10), name)
+        script, *flags = protocol.run_flags(protocol.Args("out", env=env, seeds=10, scale=scale), name)
         module = importlib.import_module(Path(script).stem)
         args = tyro.cli(module.Args, args=[*flags, "--max-minutes", "1"])
         module.check_args(args)

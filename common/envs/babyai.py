@@ -2,7 +2,9 @@
 
 One 10x10 room (8x8 walkable), 4 object categories x 3 instances, actions left/right/forward/pickup. Picking up the
 object in front pays w[k] for its category k and respawns it at a uniformly random empty cell at Manhattan
-distance >= 2 from the agent; the agent never carries. Episodes last 200 steps and end by truncation only.
+distance >= 2 from the agent; the agent never carries. Episodes last 200 steps and end by truncation only. Those
+are the paper's sizes; `GotoAvoid(grid_size=..., objects_per_category=..., episode_steps=...)` makes the same game
+in another room (grid_size: its side, walls included); the miniature BabyAI of results/babyai/mini_cpu/ is one.
 The agent sees an egocentric 5x5 view with minigrid's occlusion, as RGB (40x40x3 uint8, minigrid's own tiles at
 8 px) or as the symbolic 5x5x3 minigrid encoding. Every step also yields the task w and the cumulant phi
 (one-hot of the category picked up on that transition).
@@ -12,7 +14,7 @@ same game as a `minigrid.MiniGridEnv`; tests/test_babyai_equivalence.py shows th
 (and the pygame it imports) is imported only where its tiles or the twin are used, so the scripts that import this
 module for other envs run without it.
 
-Layouts: the 12 objects and the agent take 13 distinct interior cells drawn uniformly, with a uniform direction;
+Layouts: the objects (12 in the paper's room) and the agent take distinct interior cells drawn uniformly, with a uniform direction;
 a layout is redrawn until the agent does not face an object and every object has a reachable free neighbour
 (as the original's rejection sampling). The original also kept objects out of the cells within distance 1 of the
 room centre (a side effect of minigrid placing the agent there first); this room does not.
@@ -33,7 +35,7 @@ from gymnax.environments import environment, spaces
 
 from common.run import format_task, require
 
-ROOM_SIZE = 10
+ROOM_SIZE = 10  # the paper's room's side, walls included (GotoAvoid's grid_size)
 NUM_CATEGORIES = 4
 OBJECTS_PER_CATEGORY = 3
 NUM_OBJECTS = NUM_CATEGORIES * OBJECTS_PER_CATEGORY
@@ -66,11 +68,33 @@ DIR_TO_VEC = np.array([[1, 0], [0, 1], [-1, 0], [0, -1]], dtype=np.int32)
 
 # Cell codes of the world grid (indexed [x, y]); object category k has code OBJECT + k.
 EMPTY, WALL, OBJECT = 0, 1, 2
-OBJECT_CATEGORY = np.repeat(np.arange(NUM_CATEGORIES, dtype=np.int32), OBJECTS_PER_CATEGORY)
-# Interior cells in row-major (y, then x) order: the order used to pick layouts and respawn cells.
-INTERIOR_CELLS = np.array([(x, y) for y in range(1, ROOM_SIZE - 1) for x in range(1, ROOM_SIZE - 1)], np.int32)
-_BASE_GRID = np.full((ROOM_SIZE, ROOM_SIZE), WALL, np.int32)
-_BASE_GRID[1:-1, 1:-1] = EMPTY
+
+
+def interior_cells(grid_size: int = ROOM_SIZE) -> np.ndarray:
+    """The room's walkable cells in row-major (y, then x) order: the order used to pick layouts and respawn cells."""
+    return np.array([(x, y) for y in range(1, grid_size - 1) for x in range(1, grid_size - 1)], np.int32)
+
+
+def object_categories(num_objects: int) -> np.ndarray:
+    """The category of each object: object i belongs to category i // (objects per category)."""
+    return np.repeat(np.arange(NUM_CATEGORIES, dtype=np.int32), num_objects // NUM_CATEGORIES)
+
+
+def check_room(grid_size: int, objects_per_category: int, episode_steps: int) -> None:
+    """Refuse a room in which the game cannot be played, with one line saying what fits."""
+    require(isinstance(grid_size, int) and grid_size >= 3,
+            f"the grid size (the room's side, walls included) must be an integer >= 3, got {grid_size!r}")
+    require(isinstance(objects_per_category, int) and objects_per_category >= 1,
+            f"objects per category must be a positive integer, got {objects_per_category!r}")
+    require(isinstance(episode_steps, int) and episode_steps >= 1,
+            f"the episode length must be a positive integer, got {episode_steps!r}")
+    cells, objects = (grid_size - 2) ** 2, NUM_CATEGORIES * objects_per_category
+    # a pick-up frees one cell and respawns the object 2 or more steps from the agent: at most 5 cells (the agent's
+    # and its 4 neighbours) are too close, so a respawn always has a cell when the room has objects + 5 of them
+    fits = max(m for m in range(0, cells + 1) if cells >= NUM_CATEGORIES * m + 5) if cells >= NUM_CATEGORIES + 5 else 0
+    require(cells >= objects + 5, f"a grid of size {grid_size} ({cells} walkable cells) cannot hold {objects} objects "
+                                  f"({objects_per_category} per category) with room to respawn them (objects + 5 cells"
+                                  f" needed): {'at most ' + str(fits) + ' per category fit' if fits else 'use a grid of size 5 or more'}")
 
 
 def _minigrid_objects():
@@ -106,9 +130,12 @@ def _shift4(x: jax.Array, fill) -> jax.Array:
     )
 
 
-def world_grid(obj_pos: jax.Array) -> jax.Array:
+def world_grid(obj_pos: jax.Array, grid_size: int = ROOM_SIZE) -> jax.Array:
     """Cell codes [x, y] of the room with its objects (the agent is not drawn)."""
-    return jnp.asarray(_BASE_GRID).at[obj_pos[:, 0], obj_pos[:, 1]].set(OBJECT + jnp.asarray(OBJECT_CATEGORY))
+    base = np.full((grid_size, grid_size), WALL, np.int32)
+    base[1:-1, 1:-1] = EMPTY
+    categories = object_categories(obj_pos.shape[0])
+    return jnp.asarray(base).at[obj_pos[:, 0], obj_pos[:, 1]].set(OBJECT + jnp.asarray(categories))
 
 
 def visibility(transparent: jax.Array) -> jax.Array:
@@ -137,7 +164,7 @@ def visibility(transparent: jax.Array) -> jax.Array:
 class EnvState(environment.EnvState):
     agent_pos: jax.Array  # int32 [2], (x, y)
     agent_dir: jax.Array  # int32 [], index into DIR_TO_VEC
-    obj_pos: jax.Array  # int32 [NUM_OBJECTS, 2]; object i belongs to category i // OBJECTS_PER_CATEGORY
+    obj_pos: jax.Array  # int32 [objects, 2]; object i belongs to category i // (objects per category)
     w: jax.Array  # float32 [NUM_CATEGORIES], the task of this episode
 
 
@@ -182,13 +209,21 @@ class GotoAvoid(environment.Environment[EnvState, EnvParams]):
         view_size: int = 5,
         tile_size: int = 8,
         truncate_task_input: bool = False,
+        grid_size: int = ROOM_SIZE,
+        objects_per_category: int = OBJECTS_PER_CATEGORY,
+        episode_steps: int = MAX_STEPS,
     ):
+        """grid_size: the room's side, walls included (the paper's room: 10, 8 x 8 walkable); episode_steps: the time
+        limit."""
         require(obs_mode in OBS_MODES, f"unknown observation mode {obs_mode!r}; use one of {OBS_MODES}")
         require(
             isinstance(view_size, int) and view_size >= 3 and view_size % 2 == 1,
             f"view size must be an odd integer >= 3 (minigrid's rule), got {view_size!r}",
         )
         require(isinstance(tile_size, int) and tile_size > 0, f"tile size must be positive, got {tile_size!r}")
+        check_room(grid_size, objects_per_category, episode_steps)
+        self.grid_size, self.objects_per_category, self.episode_steps = grid_size, objects_per_category, episode_steps
+        self.num_objects = NUM_CATEGORIES * objects_per_category
         self.obs_mode = obs_mode
         self.view_size = view_size
         self.tile_size = tile_size
@@ -197,12 +232,22 @@ class GotoAvoid(environment.Environment[EnvState, EnvParams]):
         encoding, tiles = _tables(tile_size)
         self._encoding = encoding
         self._tiles = tiles
-        self._visibility = visibility_table(view_size)
+        self._visibility = visibility_table(view_size, grid_size)
+
+    def make_params(self, tasks=TRAIN_TASKS) -> EnvParams:
+        """EnvParams of this room's episodes with validated tasks (one task vector, or a [n, 4] set drawn from at
+        each reset)."""
+        return make_params(tasks, self.episode_steps)
+
+    def task_params(self, w: jax.Array) -> EnvParams:
+        """EnvParams of this room's episodes of the one task w [4], inside a jitted program (w may be traced: not
+        checked, as make_params checks)."""
+        return EnvParams(max_steps_in_episode=self.episode_steps, tasks=jnp.asarray(w, jnp.float32)[None])
 
     # ----------------------------------------------------------------------------------------------- gymnax API
     @property
     def default_params(self) -> EnvParams:
-        return EnvParams()
+        return self.make_params()
 
     @property
     def name(self) -> str:
@@ -261,7 +306,7 @@ class GotoAvoid(environment.Environment[EnvState, EnvParams]):
             time=jnp.zeros((), jnp.int32),
             agent_pos=jnp.zeros(2, jnp.int32),
             agent_dir=jnp.zeros((), jnp.int32),
-            obj_pos=jnp.zeros((NUM_OBJECTS, 2), jnp.int32),
+            obj_pos=jnp.zeros((self.num_objects, 2), jnp.int32),
             w=jnp.zeros(NUM_CATEGORIES, jnp.float32),
         )
         return self.reset_where(key, blank, jnp.ones((), bool), params)
@@ -272,18 +317,20 @@ class GotoAvoid(environment.Environment[EnvState, EnvParams]):
         Layouts are drawn inside a while_loop that runs while the env still needs one: under vmap the loop stops
         as soon as no env in the batch needs a layout, so steps on which no env resets pay nothing for it.
         """
+        interior, n = interior_cells(self.grid_size), self.num_objects
+
         def draw(k):
             k_cells, k_dir, k_task = jax.random.split(k, 3)
-            order = jax.random.permutation(k_cells, len(INTERIOR_CELLS))[: NUM_OBJECTS + 1]
-            cells = jnp.asarray(INTERIOR_CELLS)[order]
+            order = jax.random.permutation(k_cells, len(interior))[: n + 1]
+            cells = jnp.asarray(interior)[order]
             w = params.tasks[jax.random.randint(k_task, (), 0, params.tasks.shape[0])].astype(jnp.float32)
-            return cells[NUM_OBJECTS], jax.random.randint(k_dir, (), 0, 4), cells[:NUM_OBJECTS], w
+            return cells[n], jax.random.randint(k_dir, (), 0, 4), cells[:n], w
 
         def redraw(carry):
             k, _, _ = carry
             k, sub = jax.random.split(k)
             episode = draw(sub)
-            return k, episode, ~layout_is_valid(*episode[:3])
+            return k, episode, ~layout_is_valid(*episode[:3], grid_size=self.grid_size)
 
         episode = (state.agent_pos, state.agent_dir, state.obj_pos, state.w)
         _, (agent_pos, agent_dir, obj_pos, w), _ = jax.lax.while_loop(lambda c: c[2], redraw, (key, episode, reset))
@@ -299,7 +346,7 @@ class GotoAvoid(environment.Environment[EnvState, EnvParams]):
         """Apply one action (no reset). Returns (state, reward, info with phi and respawn_u)."""
         vec = jnp.asarray(DIR_TO_VEC)
         front = state.agent_pos + vec[state.agent_dir]
-        grid = world_grid(state.obj_pos)
+        grid = world_grid(state.obj_pos, self.grid_size)
         front_code = grid[front[0], front[1]]
 
         agent_dir = jnp.where(
@@ -308,8 +355,9 @@ class GotoAvoid(environment.Environment[EnvState, EnvParams]):
         moves = (action == FORWARD) & (front_code == EMPTY)
         agent_pos = jnp.where(moves, front, state.agent_pos)
 
-        picked = (action == PICKUP) & jnp.all(state.obj_pos == front, axis=-1)  # [NUM_OBJECTS], at most one True
-        phi = jax.nn.one_hot(jnp.asarray(OBJECT_CATEGORY)[jnp.argmax(picked)], NUM_CATEGORIES) * picked.any()
+        picked = (action == PICKUP) & jnp.all(state.obj_pos == front, axis=-1)  # [objects], at most one True
+        category = jnp.asarray(object_categories(self.num_objects))[jnp.argmax(picked)]
+        phi = jax.nn.one_hot(category, NUM_CATEGORIES) * picked.any()
         reward = jnp.sum(phi * state.w)
 
         u = jax.random.uniform(key)
@@ -323,7 +371,7 @@ class GotoAvoid(environment.Environment[EnvState, EnvParams]):
     def view_cells(self, state: EnvState) -> jax.Array:
         """Cell codes of the agent's view [i, j] (minigrid view coordinates), walls outside the room."""
         x, y = view_coords(state.agent_pos, state.agent_dir, self.view_size)
-        return cell_codes(x, y, state.obj_pos)
+        return cell_codes(x, y, state.obj_pos, self.grid_size)
 
     def observe(self, state: EnvState) -> Observation:
         codes = self.view_cells(state)
@@ -359,15 +407,15 @@ def view_coords(agent_pos: jax.Array, agent_dir: jax.Array, v: int) -> tuple[jax
     return x, y
 
 
-def cell_codes(x: jax.Array, y: jax.Array, obj_pos: jax.Array) -> jax.Array:
+def cell_codes(x: jax.Array, y: jax.Array, obj_pos: jax.Array, grid_size: int = ROOM_SIZE) -> jax.Array:
     """Cell code at world coordinates (x, y): WALL outside the interior, else the object there or EMPTY."""
-    inside = (x >= 1) & (x <= ROOM_SIZE - 2) & (y >= 1) & (y <= ROOM_SIZE - 2)
+    inside = (x >= 1) & (x <= grid_size - 2) & (y >= 1) & (y <= grid_size - 2)
     here = (x[..., None] == obj_pos[:, 0]) & (y[..., None] == obj_pos[:, 1])
-    code = jnp.max(jnp.where(here, OBJECT + jnp.asarray(OBJECT_CATEGORY), EMPTY), -1)
+    code = jnp.max(jnp.where(here, OBJECT + jnp.asarray(object_categories(obj_pos.shape[0])), EMPTY), -1)
     return jnp.where(inside, code, WALL)
 
 
-def visibility_table(view_size: int) -> np.ndarray:
+def visibility_table(view_size: int, grid_size: int = ROOM_SIZE) -> np.ndarray:
     """minigrid's visibility mask [V, V] for every agent pose [x, y, dir] in the room.
 
     Only walls occlude in minigrid (keys, balls and boxes do not), and the walls of this room never move, so what
@@ -375,35 +423,36 @@ def visibility_table(view_size: int) -> np.ndarray:
     with moving occluders would call `visibility` in `observe` instead.
     """
     assert all(obj.see_behind() for obj in _minigrid_objects()), "an object category occludes: use per-step visibility"
-    xs, ys, ds = np.meshgrid(np.arange(ROOM_SIZE), np.arange(ROOM_SIZE), np.arange(4), indexing="ij")
+    xs, ys, ds = np.meshgrid(np.arange(grid_size), np.arange(grid_size), np.arange(4), indexing="ij")
 
     def pose_mask(x, y, d):
         vx, vy = view_coords(jnp.stack([x, y]), d, view_size)
-        return visibility(cell_codes(vx, vy, jnp.full((1, 2), -1)) != WALL)
+        return visibility(cell_codes(vx, vy, jnp.full((NUM_CATEGORIES, 2), -1), grid_size) != WALL)
 
     masks = jax.jit(jax.vmap(pose_mask))(xs.ravel(), ys.ravel(), ds.ravel())
-    return np.asarray(masks).reshape(ROOM_SIZE, ROOM_SIZE, 4, view_size, view_size)
+    return np.asarray(masks).reshape(grid_size, grid_size, 4, view_size, view_size)
 
 
 def respawn_cell(grid: jax.Array, agent_pos: jax.Array, u: jax.Array) -> jax.Array:
     """The empty cell at Manhattan distance >= 2 from the agent chosen by u (see module doc)."""
-    xs = jnp.arange(ROOM_SIZE)
+    xs = jnp.arange(grid.shape[0])
     dist = jnp.abs(xs[:, None] - agent_pos[0]) + jnp.abs(xs[None, :] - agent_pos[1])
     candidates = ((grid == EMPTY) & (dist >= RESPAWN_MIN_DISTANCE)).T.astype(jnp.int32)  # [y, x]: row-major
     per_row = candidates.sum(1)
     through_row = jnp.cumsum(per_row)
     n = through_row[-1]
     k = jnp.minimum(jnp.floor(u * n.astype(jnp.float32)).astype(jnp.int32), n - 1)
-    # Two short cumsums (rows, then within the row) are much cheaper on CPU than one over all 100 cells.
+    # Two short cumsums (rows, then within the row) are much cheaper on CPU than one over all the cells.
     y = jnp.sum(through_row <= k)
     k_in_row = k - (through_row[y] - per_row[y])
     x = jnp.sum(jnp.cumsum(candidates[y]) <= k_in_row)
     return jnp.stack([x, y]).astype(jnp.int32)
 
 
-def layout_is_valid(agent_pos: jax.Array, agent_dir: jax.Array, obj_pos: jax.Array) -> jax.Array:
+def layout_is_valid(agent_pos: jax.Array, agent_dir: jax.Array, obj_pos: jax.Array,
+                    grid_size: int = ROOM_SIZE) -> jax.Array:
     """The agent does not face an object, and every object has a free neighbour the agent can reach."""
-    grid = world_grid(obj_pos)
+    grid = world_grid(obj_pos, grid_size)
     front = agent_pos + jnp.asarray(DIR_TO_VEC)[agent_dir]
     free = grid == EMPTY
     start = jnp.zeros_like(free).at[agent_pos[0], agent_pos[1]].set(True)
@@ -419,16 +468,16 @@ def layout_is_valid(agent_pos: jax.Array, agent_dir: jax.Array, obj_pos: jax.Arr
 
 
 # ----------------------------------------------------------------------------------------------------- BFS oracle
-def bfs_oracle_action(state: EnvState) -> jax.Array:
+def bfs_oracle_action(state: EnvState, grid_size: int = ROOM_SIZE) -> jax.Array:
     """Fully observed oracle: walk (objects are obstacles) to the nearest object of positive weight and pick it up.
 
     Replans every step from a BFS distance map to the free cells next to a positive object.
     """
     vec = jnp.asarray(DIR_TO_VEC)
-    grid = world_grid(state.obj_pos)
+    grid = world_grid(state.obj_pos, grid_size)
     free = grid == EMPTY
     wanted = (grid >= OBJECT) & (state.w[jnp.clip(grid - OBJECT, 0, NUM_CATEGORIES - 1)] > 0)
-    far = ROOM_SIZE * ROOM_SIZE
+    far = grid_size * grid_size
     goal = free & _shift4(wanted, False).any(0)
     dist0 = jnp.where(goal, 0, far)
 
@@ -451,14 +500,15 @@ def bfs_oracle_action(state: EnvState) -> jax.Array:
     return jnp.where(wanted[cell(ahead)], PICKUP, action).astype(jnp.int32)
 
 
-def policy_returns(policy, tasks=TEST_TASKS, num_episodes: int = 100, seed: int = 0):
-    """Mean and standard error of the episode return of `policy(key, state) -> action` for each task."""
+def policy_returns(policy, tasks=TEST_TASKS, num_episodes: int = 100, seed: int = 0, env: GotoAvoid | None = None):
+    """Mean and standard error of the episode return of `policy(key, state) -> action` for each task, in `env`'s room
+    (default: the paper's)."""
     require(num_episodes >= 2, f"num_episodes must be at least 2 to give a standard error, got {num_episodes}")
-    tasks = np.asarray(make_params(tasks).tasks)
-    env = GotoAvoid(obs_mode="symbolic")
+    env = env or GotoAvoid(obs_mode="symbolic")
+    tasks = np.asarray(env.make_params(tasks).tasks)
 
     def episode_return(key, w):
-        params = EnvParams(tasks=w[None])
+        params = env.task_params(w)
         key_reset, key_steps = jax.random.split(key)
         _, state = env.reset(key_reset, params)
 
@@ -475,23 +525,29 @@ def policy_returns(policy, tasks=TEST_TASKS, num_episodes: int = 100, seed: int 
     return returns.mean(1), returns.std(1, ddof=1) / np.sqrt(num_episodes)
 
 
-def bfs_oracle_returns(tasks=TEST_TASKS, num_episodes: int = 100, seed: int = 0):
+def bfs_oracle_returns(tasks=TEST_TASKS, num_episodes: int = 100, seed: int = 0, env: GotoAvoid | None = None):
     """The paper's "BFS State Oracle" reference: mean and standard error of its return per task."""
-    return policy_returns(lambda key, state: bfs_oracle_action(state), tasks, num_episodes, seed)
+    env = env or GotoAvoid(obs_mode="symbolic")
+    return policy_returns(lambda key, state: bfs_oracle_action(state, env.grid_size), tasks, num_episodes, seed, env)
 
 
-def random_policy_returns(tasks=TEST_TASKS, num_episodes: int = 100, seed: int = 0):
+def random_policy_returns(tasks=TEST_TASKS, num_episodes: int = 100, seed: int = 0, env: GotoAvoid | None = None):
     """Uniformly random actions: mean and standard error of the return per task."""
-    return policy_returns(lambda key, state: jax.random.randint(key, (), 0, NUM_ACTIONS), tasks, num_episodes, seed)
+    return policy_returns(lambda key, state: jax.random.randint(key, (), 0, NUM_ACTIONS), tasks, num_episodes, seed,
+                          env)
 
 
-def _print_reference_table(episodes: int = 100, seed: int = 0) -> None:
+def _print_reference_table(episodes: int = 100, seed: int = 0, grid_size: int = ROOM_SIZE,
+                           objects_per_category: int = OBJECTS_PER_CATEGORY, episode_steps: int = MAX_STEPS) -> None:
     """Print the BFS oracle's and a random policy's return for every train and test task (a markdown table)."""
-    print(f"| split | task | BFS oracle | random policy |  ({episodes} episodes of {MAX_STEPS} steps each)")
+    env = GotoAvoid(obs_mode="symbolic", grid_size=grid_size, objects_per_category=objects_per_category,
+                    episode_steps=episode_steps)
+    print(f"| split | task | BFS oracle | random policy |  ({episodes} episodes of {episode_steps} steps each, room "
+          f"{grid_size}, {objects_per_category} objects per category)")
     print("|---|---|---:|---:|")
     for split, tasks in (("train", TRAIN_TASKS), ("test", TEST_TASKS)):
-        oracle, oracle_se = bfs_oracle_returns(tasks, episodes, seed)
-        rand, rand_se = random_policy_returns(tasks, episodes, seed)
+        oracle, oracle_se = bfs_oracle_returns(tasks, episodes, seed, env)
+        rand, rand_se = random_policy_returns(tasks, episodes, seed, env)
         for w, m, se, rm, rse in zip(tasks, oracle, oracle_se, rand, rand_se):
             print(f"| {split} | {format_task(w)} | {m:.2f} ± {se:.2f} | {rm:.2f} ± {rse:.2f} |")
 

@@ -11,13 +11,14 @@ import numpy as np
 from minigrid.minigrid_env import MiniGridEnv
 
 from common.envs.babyai import (CATEGORY_KINDS, DIR_TO_VEC, FORWARD, LEFT, MAX_STEPS, NUM_ACTIONS, NUM_CATEGORIES,
-                           OBJECTS_PER_CATEGORY, OBS_MODES, RESPAWN_MIN_DISTANCE, RIGHT, ROOM_SIZE, TRAIN_TASKS,
-                           _minigrid_objects, make_params)
+                                OBJECTS_PER_CATEGORY, OBS_MODES, RESPAWN_MIN_DISTANCE, RIGHT, ROOM_SIZE, TRAIN_TASKS,
+                                _minigrid_objects, check_room, make_params)
 from common.run import require
 
 
 class GotoAvoidMiniGrid(MiniGridEnv):
-    """GotoAvoid as a minigrid environment: the reference the JAX env is tested against, usable on its own.
+    """GotoAvoid as a minigrid environment: the reference the JAX env is tested against, usable on its own, in the
+    paper's room or another (grid_size with walls, objects_per_category, max_steps: GotoAvoid's sizes).
 
     Observations are dicts {"image", "w"} (RGB from minigrid's POV render, or `gen_obs()["image"]`), `info["phi"]`
     is the transition's cumulant. `reset(options={"layout": (agent_pos, agent_dir, obj_pos), "w": w})` forces a
@@ -33,6 +34,8 @@ class GotoAvoidMiniGrid(MiniGridEnv):
         truncate_task_input: bool = False,
         max_steps: int = MAX_STEPS,
         render_mode: str | None = None,
+        grid_size: int = ROOM_SIZE,
+        objects_per_category: int = OBJECTS_PER_CATEGORY,
     ):
         import gymnasium
         from minigrid.core.mission import MissionSpace
@@ -42,6 +45,8 @@ class GotoAvoidMiniGrid(MiniGridEnv):
             isinstance(view_size, int) and view_size >= 3 and view_size % 2 == 1,
             f"view size must be an odd integer >= 3 (minigrid's rule), got {view_size!r}",
         )
+        check_room(grid_size, objects_per_category, max_steps)
+        self.objects_per_category = objects_per_category
         self.tasks = np.asarray(make_params(tasks, max_steps).tasks)
         self.obs_mode = obs_mode
         self.obs_tile_size = tile_size
@@ -51,7 +56,7 @@ class GotoAvoidMiniGrid(MiniGridEnv):
         self._forced = {}
         super().__init__(
             mission_space=MissionSpace(mission_func=lambda: "pick up the objects the task rewards"),
-            grid_size=ROOM_SIZE,
+            grid_size=grid_size,
             max_steps=max_steps,
             see_through_walls=False,
             agent_view_size=view_size,
@@ -82,7 +87,7 @@ class GotoAvoidMiniGrid(MiniGridEnv):
         while True:
             self.grid = Grid(width, height)
             self.grid.wall_rect(0, 0, width, height)
-            objects = [obj for obj in _minigrid_objects() for _ in range(OBJECTS_PER_CATEGORY)]
+            objects = [obj for obj in _minigrid_objects() for _ in range(self.objects_per_category)]
             objects = [type(o)(o.color) for o in objects]  # distinct instances
             if layout is not None:
                 agent_pos, agent_dir, obj_pos = (np.asarray(a) for a in layout)

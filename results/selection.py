@@ -1,0 +1,86 @@
+"""How a candidate setting of the miniature BabyAI did on the train tasks: the criterion its settings were chosen by.
+
+    python -m results.selection OUT_DIR [OUT_DIR ...]      # protocols run with --scale mini --methods msfa usfa
+
+For each protocol folder (one candidate: its --scale and --extra) and each of its methods: the greedy train-task
+return without GPI (the mean over the 4 train tasks, then over seeds, with the seeds' spread) at the last evaluation
+and at the one nearest 80% of the budget, as a share of the BFS oracle's train-task return in the same room, and the
+change over the last 20% of the budget. The criterion (docs/babyai.md): MSFA and USFA with the env's cumulants both
+reach 80% of the oracle by the end, and neither changes by 5% or more over the last 20%. Only train tasks are read:
+the test tasks never choose settings.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tyro
+
+from common.envs.babyai import TRAIN_TASKS, bfs_oracle_returns
+from common.run import exit_on_config_error, format_task, require
+from results.summarize import babyai_room
+
+TRAIN = {format_task(w) for w in TRAIN_TASKS}
+CRITERION_METHODS = ("msfa", "usfa")
+REACH, SETTLED = 0.8, 0.05
+
+
+@dataclass
+class Args:
+    out_dirs: tyro.conf.Positional[tuple[str, ...]]
+    """protocol folders, one per candidate setting"""
+    oracle_episodes: int = 100
+    """episodes per train task of the BFS oracle"""
+
+
+def train_returns(run_dir: Path) -> dict[int, np.ndarray]:
+    """step -> each seed's mean greedy train-task return without GPI at that evaluation."""
+    per = {}
+    with (run_dir / "eval.csv").open() as f:
+        for row in csv.DictReader(f):
+            if row["split"] == "train" and row["gpi"] == "0" and row["task"] in TRAIN:
+                per.setdefault(int(row["step"]), {}).setdefault(int(row["seed"]), []).append(float(row["return_mean"]))
+    return {step: np.array([np.mean(v) for _, v in sorted(seeds.items())]) for step, seeds in sorted(per.items())}
+
+
+def judge(out: Path, oracle_episodes: int) -> list[dict]:
+    protocol = json.loads((out / "protocol.json").read_text())
+    rows = []
+    for method in protocol["methods"]:
+        run = out / method
+        require((run / "eval.csv").exists(), f"{run} has no eval.csv: its runs are not complete (merged) yet")
+        returns = train_returns(run)
+        steps = sorted(returns)
+        last, total = steps[-1], json.loads((run / "config.json").read_text())["args"]["total_timesteps"]
+        earlier = min(steps, key=lambda s: abs(s - 0.8 * total))
+        oracle = float(np.mean(bfs_oracle_returns(TRAIN_TASKS, oracle_episodes, env=babyai_room(run))[0]))
+        end, before = returns[last], returns[earlier]
+        rows.append({"folder": str(out), "method": method, "scale": protocol.get("scale", "paper"),
+                     "extra": protocol.get("extra", ""), "seeds": len(end), "step": last, "oracle": oracle,
+                     "return": float(end.mean()), "spread": float(end.std(ddof=1)) if len(end) > 1 else 0.0,
+                     "share": float(end.mean() / oracle), "at_80": earlier,
+                     "change": float((end.mean() - before.mean()) / max(abs(end.mean()), 1e-9))})
+    return rows
+
+
+@exit_on_config_error
+def main(args: Args) -> None:
+    require(args.out_dirs, "pass one or more protocol folders")
+    print("| candidate (--extra over --scale mini) | method | seeds | env steps | train return (no GPI) | of the "
+          "oracle | change over the last 20% | criterion |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
+    for out in map(Path, args.out_dirs):
+        rows = judge(out, args.oracle_episodes)
+        met = all(r["share"] >= REACH and abs(r["change"]) < SETTLED for r in rows if r["method"] in CRITERION_METHODS)
+        for r in rows:
+            print(f"| `{r['extra'] or '(none)'}` | {r['method']} | {r['seeds']} | {r['step']:,} | {r['return']:.2f} ± "
+                  f"{r['spread']:.2f} (oracle {r['oracle']:.2f}) | {r['share']:.0%} | {r['change']:+.1%} (from step "
+                  f"{r['at_80']:,}) | {'met' if met else 'not met'} |")
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
