@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import tyro
 
+from results.protocol import SINGLE_THREADED  # how the protocol runs a seed pinned to one core
+
 ROOT = Path(__file__).resolve().parent.parent
-SINGLE_THREADED = "--xla_cpu_multi_thread_eigen=false"
-"""XLA_FLAGS that keep XLA:CPU's ops on the calling thread (with the process pinned to one core)"""
 
 
 @dataclass

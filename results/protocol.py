@@ -89,16 +89,16 @@ SCALES = {
     # replay capacity, target-network period and evaluation period scale with the budget.
     "mini": {"babyai": {
         "all": "--grid-size 6 --objects-per-category 1 --episode-steps 50 --torso-channels 8 16 16 "
-               "--total-timesteps 300000 --replay-size 6000 --target-update-period 150 --eval-every 60000",
-        "msfa": "--module-size 38 --psi-hidden 32 --phi-hidden 64 64",
-        "msfa_entangled_psi": "--module-size 38 --psi-hidden 32 --phi-hidden 64 64",
-        "msfa_entangled_phi": "--module-size 35 --psi-hidden 32 --phi-hidden 64 64",
-        "msfa_entangled_both": "--module-size 35 --psi-hidden 32 --phi-hidden 64 64",
+               "--total-timesteps 1500000 --replay-size 30000 --target-update-period 750 --eval-every 51200",
+        "msfa": "--module-size 38 --projection-dim 4 --psi-hidden 32 --phi-hidden 64 64",
+        "msfa_entangled_psi": "--module-size 38 --projection-dim 4 --psi-hidden 32 --phi-hidden 64 64",
+        "msfa_entangled_phi": "--module-size 35 --projection-dim 4 --psi-hidden 32 --phi-hidden 64 64",
+        "msfa_entangled_both": "--module-size 35 --projection-dim 4 --psi-hidden 32 --phi-hidden 64 64",
         "usfa_learned": "--lstm-size 128 --psi-hidden 32 --phi-hidden 64 64",
         "usfa": "--lstm-size 128 --psi-hidden 32",
-        "uvfa_farm": "--module-size 38 --q-hidden 32",
+        "uvfa_farm": "--module-size 38 --projection-dim 4 --q-hidden 32",
         "uvfa": "--lstm-size 128 --q-hidden 32",
-        "mvfa": "--module-size 38 --q-hidden 32",
+        "mvfa": "--module-size 38 --projection-dim 4 --q-hidden 32",
     }},
 }
 """--scale: flags added to every method's command ("all") and to each method's own (its networks' sizes), before

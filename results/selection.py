@@ -1,6 +1,7 @@
 """How a candidate setting of the miniature BabyAI did on the train tasks: the criterion its settings were chosen by.
 
     python -m results.selection OUT_DIR [OUT_DIR ...]      # protocols run with --scale mini --methods msfa usfa
+    python -m results.selection OUT_DIR --budgets 200000 300000 400000   # as if each run had stopped there
 
 For each protocol folder (one candidate: its --scale and --extra) and each of its methods: the greedy train-task
 return without GPI (the mean over the 4 train tasks, then over seeds, with the seeds' spread) at the last evaluation
@@ -8,6 +9,11 @@ and at the one nearest 80% of the budget, as a share of the BFS oracle's train-t
 change over the last 20% of the budget. The criterion (docs/babyai.md): MSFA and USFA with the env's cumulants both
 reach 80% of the oracle by the end, and neither changes by 5% or more over the last 20%. Only train tasks are read:
 the test tasks never choose settings.
+
+--budgets judges each run as if it had stopped at each of these budgets: nothing in a run depends on its
+--total-timesteps but where it stops (replay capacity, target period and the epsilon schedule are fixed flags, and a
+run can be extended with --resume), so a run's first B env steps are a run with budget B, and one long run answers
+for every shorter budget at the same settings.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ class Args:
     """protocol folders, one per candidate setting"""
     oracle_episodes: int = 100
     """episodes per train task of the BFS oracle"""
+    budgets: tuple[int, ...] = ()
+    """judge each run as if it had stopped at these env steps per seed (default: its own --total-timesteps)"""
 
 
 def train_returns(run_dir: Path) -> dict[int, np.ndarray]:
@@ -47,16 +55,22 @@ def train_returns(run_dir: Path) -> dict[int, np.ndarray]:
     return {step: np.array([np.mean(v) for _, v in sorted(seeds.items())]) for step, seeds in sorted(per.items())}
 
 
-def judge(out: Path, oracle_episodes: int) -> list[dict]:
+def judge(out: Path, oracle_episodes: int, budget: int | None = None) -> list[dict]:
+    """Each method's row of the criterion, its runs read up to `budget` env steps (default: their own budget)."""
     protocol = json.loads((out / "protocol.json").read_text())
     rows = []
     for method in protocol["methods"]:
         run = out / method
         require((run / "eval.csv").exists(), f"{run} has no eval.csv: its runs are not complete (merged) yet")
-        returns = train_returns(run)
+        total = json.loads((run / "config.json").read_text())["args"]["total_timesteps"]
+        require(budget is None or budget <= total,
+                f"--budgets {budget:,} is beyond {run}'s {total:,} env steps: pass budgets up to its own")
+        total = budget or total
+        returns = {step: r for step, r in train_returns(run).items() if step <= total}
         steps = sorted(returns)
-        last, total = steps[-1], json.loads((run / "config.json").read_text())["args"]["total_timesteps"]
-        earlier = min(steps, key=lambda s: abs(s - 0.8 * total))
+        require(len(steps) >= 2, f"{run} has fewer than 2 evaluations up to {total:,} env steps")
+        last = steps[-1]
+        earlier = min(steps, key=lambda s: abs(s - 0.8 * last))
         oracle = float(np.mean(bfs_oracle_returns(TRAIN_TASKS, oracle_episodes, env=babyai_room(run))[0]))
         end, before = returns[last], returns[earlier]
         rows.append({"folder": str(out), "method": method, "scale": protocol.get("scale", "paper"),
@@ -73,8 +87,8 @@ def main(args: Args) -> None:
     print("| candidate (--extra over --scale mini) | method | seeds | env steps | train return (no GPI) | of the "
           "oracle | change over the last 20% | criterion |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
-    for out in map(Path, args.out_dirs):
-        rows = judge(out, args.oracle_episodes)
+    for out, budget in [(Path(o), b) for o in args.out_dirs for b in (args.budgets or (None,))]:
+        rows = judge(out, args.oracle_episodes, budget)
         met = all(r["share"] >= REACH and abs(r["change"]) < SETTLED for r in rows if r["method"] in CRITERION_METHODS)
         for r in rows:
             print(f"| `{r['extra'] or '(none)'}` | {r['method']} | {r['seeds']} | {r['step']:,} | {r['return']:.2f} ± "

@@ -202,3 +202,38 @@ def test_fruitbot_references_are_random_play_in_the_runs_own_game(tmp_path):
 
     train, test = plot.fruitbot_random_returns(run, TRAIN_TASKS, TEST_TASKS, 2, training_levels=True)
     assert train.shape == (4,) and test.shape == (6,) and np.isfinite(np.concatenate([train, test])).all()
+
+
+def test_selection_judges_the_train_tasks_at_each_budget(tmp_path, monkeypatch, capsys):
+    """results.selection's criterion by hand: the oracle scores 10; both methods' train returns climb to 9 by step
+    400 and stay; at budget 400 the share is 90% and the change since step 320 (the evaluation nearest 80% of 400)
+    is (9 - 8.6) / 9 = +4.4% (met); at budget 200 the share is 60% (not met). Test-task rows are never read."""
+    from results import selection
+
+    out = tmp_path / "candidate"
+    out.mkdir()
+    (out / "protocol.json").write_text(json.dumps({"methods": ["msfa", "usfa"], "scale": "mini", "extra": "--x 1"}))
+    curve = {80: 1.0, 160: 4.0, 200: 6.0, 240: 7.0, 320: 8.6, 400: 9.0, 480: 9.0}
+    for method in ("msfa", "usfa"):
+        run = Path(fake_run(out, method, method.upper(), (), (0,), 0.0))
+        (run / "config.json").write_text(json.dumps({"method": method, "args": {"total_timesteps": 480}}))
+        with (run / "eval.csv").open("a", newline="") as f:
+            writer = csv.writer(f)
+            for step, value in curve.items():
+                for seed, offset in ((1, -0.5), (2, 0.5)):
+                    for split in ("train", "test"):
+                        for w in np.eye(4):
+                            # test tasks score 100: were they read, every share would be far above 1
+                            writer.writerow([step, seed, split, format_task(w), 0, 2,
+                                             value + offset if split == "train" else 100.0, 0])
+    monkeypatch.setattr(selection, "bfs_oracle_returns", lambda tasks, episodes, env: (np.full(len(tasks), 10.0),))
+    rows = {r["method"]: r for r in selection.judge(out, 1, budget=400)}
+    assert rows["msfa"]["share"] == pytest.approx(0.9) and rows["msfa"]["at_80"] == 320
+    assert rows["usfa"]["change"] == pytest.approx(0.4 / 9) and rows["usfa"]["spread"] == pytest.approx(2 ** 0.5 / 2)
+    selection.main(selection.Args(out_dirs=(str(out),), oracle_episodes=1, budgets=(200, 400)))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "| msfa |" in line]
+    assert "| 200 |" in lines[0] and "60%" in lines[0] and lines[0].endswith("not met |")
+    assert "| 400 |" in lines[1] and "90%" in lines[1] and lines[1].endswith("| met |")
+    with pytest.raises(SystemExit):
+        selection.main(selection.Args(out_dirs=(str(out),), oracle_episodes=1, budgets=(1000,)))
+    assert "--budgets 1,000 is beyond" in capsys.readouterr().err

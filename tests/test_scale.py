@@ -159,14 +159,15 @@ def test_the_protocol_refuses_bad_input_with_one_line(tmp_path, monkeypatch, cap
 
 
 def test_the_protocol_trains_two_real_methods_is_interrupted_resumes_and_completes(tmp_path):
-    """python -m results.protocol on this CPU with tiny settings: MSFA and its entangled-psi ablation, two seeds
-    each (each seed its own pinned process: the CPU's default); Ctrl-C once MSFA's first seed has a checkpoint;
-    --resume completes both, merges each method's seeds and analyses their saved agents."""
+    """python -m results.protocol on this CPU with tiny settings: MSFA and its entangled-psi ablation, one seed
+    each in its own pinned process (the CPU's default); Ctrl-C once MSFA's seed has a checkpoint; --resume completes
+    both, gives each method its seed's run (merging several seeds is the stand-in runs' test above) and analyses
+    their saved agents."""
     out = tmp_path / "protocol"
     extra = " ".join([*TINY, *SMALL_NET, "--total-timesteps", "256", "--log-every", "32", "--eval-every", "64",
                       "--checkpoint-minutes", "0.01"])
     command = [sys.executable, "-m", "results.protocol", str(out), "--env", "babyai", "--methods", "msfa",
-               "msfa_entangled_psi", "--seeds", "2", f"--extra={extra}", "--analysis-episodes", "2"]
+               "msfa_entangled_psi", "--seeds", "1", f"--extra={extra}", "--analysis-episodes", "2"]
     first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 600
     while not (out / "msfa" / "seed1" / "checkpoint.eqx").exists() and first.poll() is None and time.time() < deadline:
@@ -181,13 +182,12 @@ def test_the_protocol_trains_two_real_methods_is_interrupted_resumes_and_complet
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = read_summary(out)
-    assert "cpu" in summary["device"] and summary["seeds"] == 2
+    assert "cpu" in summary["device"] and summary["seeds"] == 1
     for name in ("msfa", "msfa_entangled_psi"):
         entry = summary["methods"][name]
         assert entry["complete"] and entry["share_of_protocol"] >= 1 and entry["analysis"] == "ok", entry
         assert "Table A" in (out / name / "analysis" / "analysis.md").read_text()
-        assert sorted(p.name for p in (out / name).glob("params_seed*.eqx")) == ["params_seed1.eqx",
-                                                                              "params_seed2.eqx"]
+        assert [p.name for p in (out / name).glob("params_seed*.eqx")] == ["params_seed1.eqx"]
     assert json.loads((out / "msfa" / "config.json").read_text())["resumes"]  # continued, not restarted
 
 
@@ -204,15 +204,15 @@ def _kill_runs_in(folder: Path) -> int:
     return killed
 
 
-def test_a_protocol_killed_before_its_first_checkpoint_resumes_and_gives_the_uninterrupted_run(tmp_path):
+def test_a_protocol_killed_before_its_first_checkpoint_resumes_and_completes(tmp_path):
     """The protocol and its run SIGKILLed while the run compiles (config.json written, nothing saved): --resume
-    starts that run over with its saved settings; its metrics (but timing) and evaluations equal those of the same
-    protocol run without interruption."""
+    starts that run over with its saved settings and completes it (that such a restart gives the uninterrupted run's
+    metrics and evaluations is tests/test_runs.py's test of the script)."""
     extra = " ".join([*TINY, *SMALL_NET, "--total-timesteps", "64", "--log-every", "32", "--eval-every", "64"])
-    command = lambda out: [sys.executable, "-m", "results.protocol", str(out), "--env", "babyai", "--methods",  # noqa
-                           "msfa", "--seeds", "1", f"--extra={extra}", "--analysis-episodes", "1"]
     killed = tmp_path / "killed"
-    first = subprocess.Popen(command(killed), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen([sys.executable, "-m", "results.protocol", str(killed), "--env", "babyai", "--methods",
+                              "msfa", "--seeds", "1", f"--extra={extra}", "--analysis-episodes", "1"],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 600
     while not (killed / "msfa" / "seed1" / "config.json").exists():
         assert first.poll() is None and time.time() < deadline
@@ -225,14 +225,10 @@ def test_a_protocol_killed_before_its_first_checkpoint_resumes_and_gives_the_uni
                              capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "no checkpoint yet: starting" in resumed.stdout
-    whole = tmp_path / "whole"
-    done = subprocess.run(command(whole), cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:]
-    drop = ("sps", "rss_gb")
-    for table in ("metrics.csv", "eval.csv"):
-        rows = [[{k: v for k, v in r.items() if k not in drop} for r in read(out / "msfa" / table)]
-                for out in (killed, whole)]
-        assert rows[0] == rows[1] and rows[0], table
+    assert read_summary(killed)["methods"]["msfa"]["complete"]
+    config = json.loads((killed / "msfa" / "config.json").read_text())
+    assert config["started_over"] and config["args"]["total_timesteps"] == 64
+    assert [r["step"] for r in read(killed / "msfa" / "eval.csv")] == ["64"] * len(read(killed / "msfa" / "eval.csv"))
 
 
 @pytest.mark.parametrize("blocked, code", [
