@@ -33,6 +33,8 @@ from results.summarize import babyai_room
 TRAIN = {format_task(w) for w in TRAIN_TASKS}
 CRITERION_METHODS = ("msfa", "usfa")
 REACH, SETTLED = 0.8, 0.05
+SETTING = (("grid", "grid_size"), ("replay", "replay_size"), ("target period", "target_update_period"))
+"""the settings a candidate's row names (from its runs' config.json; the networks' are --scale's)"""
 
 
 @dataclass
@@ -62,7 +64,8 @@ def judge(out: Path, oracle_episodes: int, budget: int | None = None) -> list[di
     for method in protocol["methods"]:
         run = out / method
         require((run / "eval.csv").exists(), f"{run} has no eval.csv: its runs are not complete (merged) yet")
-        total = json.loads((run / "config.json").read_text())["args"]["total_timesteps"]
+        saved = json.loads((run / "config.json").read_text())["args"]
+        total = saved["total_timesteps"]
         require(budget is None or budget <= total,
                 f"--budgets {budget:,} is beyond {run}'s {total:,} env steps: pass budgets up to its own")
         total = budget or total
@@ -73,8 +76,9 @@ def judge(out: Path, oracle_episodes: int, budget: int | None = None) -> list[di
         earlier = min(steps, key=lambda s: abs(s - 0.8 * last))
         oracle = float(np.mean(bfs_oracle_returns(TRAIN_TASKS, oracle_episodes, env=babyai_room(run))[0]))
         end, before = returns[last], returns[earlier]
+        setting = ", ".join(f"{name} {saved[key]}" for name, key in SETTING if key in saved)
         rows.append({"folder": str(out), "method": method, "scale": protocol.get("scale", "paper"),
-                     "extra": protocol.get("extra", ""), "seeds": len(end), "step": last, "oracle": oracle,
+                     "setting": setting, "seeds": len(end), "step": last, "oracle": oracle,
                      "return": float(end.mean()), "spread": float(end.std(ddof=1)) if len(end) > 1 else 0.0,
                      "share": float(end.mean() / oracle), "at_80": earlier,
                      "change": float((end.mean() - before.mean()) / max(abs(end.mean()), 1e-9))})
@@ -84,14 +88,14 @@ def judge(out: Path, oracle_episodes: int, budget: int | None = None) -> list[di
 @exit_on_config_error
 def main(args: Args) -> None:
     require(args.out_dirs, "pass one or more protocol folders")
-    print("| candidate (--extra over --scale mini) | method | seeds | env steps | train return (no GPI) | of the "
+    print("| candidate | method | seeds | env steps | train return (no GPI) | of the "
           "oracle | change over the last 20% | criterion |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
     for out, budget in [(Path(o), b) for o in args.out_dirs for b in (args.budgets or (None,))]:
         rows = judge(out, args.oracle_episodes, budget)
         met = all(r["share"] >= REACH and abs(r["change"]) < SETTLED for r in rows if r["method"] in CRITERION_METHODS)
         for r in rows:
-            print(f"| `{r['extra'] or '(none)'}` | {r['method']} | {r['seeds']} | {r['step']:,} | {r['return']:.2f} ± "
+            print(f"| {r['setting']} | {r['method']} | {r['seeds']} | {r['step']:,} | {r['return']:.2f} ± "
                   f"{r['spread']:.2f} (oracle {r['oracle']:.2f}) | {r['share']:.0%} | {r['change']:+.1%} (from step "
                   f"{r['at_80']:,}) | {'met' if met else 'not met'} |")
 

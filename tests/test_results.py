@@ -216,7 +216,8 @@ def test_selection_judges_the_train_tasks_at_each_budget(tmp_path, monkeypatch, 
     curve = {80: 1.0, 160: 4.0, 200: 6.0, 240: 7.0, 320: 8.6, 400: 9.0, 480: 9.0}
     for method in ("msfa", "usfa"):
         run = Path(fake_run(out, method, method.upper(), (), (0,), 0.0))
-        (run / "config.json").write_text(json.dumps({"method": method, "args": {"total_timesteps": 480}}))
+        (run / "config.json").write_text(json.dumps({"method": method, "args": {"total_timesteps": 480,
+                                                                                "replay_size": 30}}))
         with (run / "eval.csv").open("a", newline="") as f:
             writer = csv.writer(f)
             for step, value in curve.items():
@@ -232,7 +233,8 @@ def test_selection_judges_the_train_tasks_at_each_budget(tmp_path, monkeypatch, 
     assert rows["usfa"]["change"] == pytest.approx(0.4 / 9) and rows["usfa"]["spread"] == pytest.approx(2 ** 0.5 / 2)
     selection.main(selection.Args(out_dirs=(str(out),), oracle_episodes=1, budgets=(200, 400)))
     lines = [line for line in capsys.readouterr().out.splitlines() if "| msfa |" in line]
-    assert "| 200 |" in lines[0] and "60%" in lines[0] and lines[0].endswith("not met |")
+    assert lines[0].startswith("| replay 30 | msfa |") and "| 200 |" in lines[0] and "60%" in lines[0]
+    assert lines[0].endswith("not met |")
     assert "| 400 |" in lines[1] and "90%" in lines[1] and lines[1].endswith("| met |")
     with pytest.raises(SystemExit):
         selection.main(selection.Args(out_dirs=(str(out),), oracle_episodes=1, budgets=(1000,)))
