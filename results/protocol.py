@@ -85,11 +85,11 @@ SCALES = {
     "paper": {},
     # The miniature BabyAI: the paper's methods, losses, n-step, replay ratio, batch, optimiser, epsilon schedule and
     # GPI, in a smaller room with every network's widths divided by 4 and a budget at which MSFA and USFA with the
-    # env's cumulants both reach 80% of the BFS oracle's train-task return (docs/babyai.md: every setting tried);
-    # replay capacity, target-network period and evaluation period scale with the budget.
+    # env's cumulants both reach 80% of the BFS oracle's train-task return (docs/babyai.md: every setting tried and
+    # how far its selection has come); replay capacity and target-network period scaled as the paper's are.
     "mini": {"babyai": {
         "all": "--grid-size 6 --objects-per-category 1 --episode-steps 50 --torso-channels 8 16 16 "
-               "--total-timesteps 1500000 --replay-size 30000 --target-update-period 750 --eval-every 51200",
+               "--total-timesteps 2560000 --replay-size 30000 --target-update-period 750 --eval-every 51200",
         "msfa": "--module-size 38 --projection-dim 4 --psi-hidden 32 --phi-hidden 64 64",
         "msfa_entangled_psi": "--module-size 38 --projection-dim 4 --psi-hidden 32 --phi-hidden 64 64",
         "msfa_entangled_phi": "--module-size 35 --projection-dim 4 --psi-hidden 32 --phi-hidden 64 64",
@@ -134,8 +134,8 @@ class Args:
     env_workers: int = 8
     """MiniHack: worker processes stepping each seed's envs"""
     scale: str = "paper"
-    """paper (the scripts' defaults, the paper's settings), or mini: the miniature BabyAI that every method finishes
-    on a CPU (SCALES; results/babyai/mini_cpu/)"""
+    """paper (the scripts' defaults, the paper's settings), or mini: the miniature BabyAI, sized to be trained on a
+    CPU (SCALES; docs/babyai.md, "The miniature BabyAI")"""
     extra: str = ""
     """flags added to every run's command line, after --scale's (e.g. "--core-backend pallas", tiny test settings)"""
     max_minutes: float | None = None

@@ -4,7 +4,7 @@ One 10x10 room (8x8 walkable), 4 object categories x 3 instances, actions left/r
 object in front pays w[k] for its category k and respawns it at a uniformly random empty cell at Manhattan
 distance >= 2 from the agent; the agent never carries. Episodes last 200 steps and end by truncation only. Those
 are the paper's sizes; `GotoAvoid(grid_size=..., objects_per_category=..., episode_steps=...)` makes the same game
-in another room (grid_size: its side, walls included); the miniature BabyAI of results/babyai/mini_cpu/ is one.
+in another room (grid_size: its side, walls included); the miniature BabyAI (docs/babyai.md) is one.
 The agent sees an egocentric 5x5 view with minigrid's occlusion, as RGB (40x40x3 uint8, minigrid's own tiles at
 8 px) or as the symbolic 5x5x3 minigrid encoding. Every step also yields the task w and the cumulant phi
 (one-hot of the category picked up on that transition).
