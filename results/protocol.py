@@ -85,8 +85,8 @@ SCALES = {
     "paper": {},
     # The miniature BabyAI: the paper's methods, losses, n-step, replay ratio, batch, optimiser, epsilon schedule and
     # GPI, in a smaller room with every network's widths divided by 4 and a budget at which MSFA and USFA with the
-    # env's cumulants both reach 80% of the BFS oracle's train-task return (docs/babyai.md: every setting tried and
-    # how far its selection has come); replay capacity and target-network period scaled as the paper's are.
+    # env's cumulants both reach 80% of the BFS oracle's train-task return and settle (docs/babyai.md: every setting
+    # tried); replay capacity and target-network period scaled as the paper's are.
     "mini": {"babyai": {
         "all": "--grid-size 6 --objects-per-category 1 --episode-steps 50 --torso-channels 8 16 16 "
                "--total-timesteps 2560000 --replay-size 30000 --target-update-period 750 --eval-every 51200",
