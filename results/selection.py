@@ -33,6 +33,8 @@ from results.summarize import babyai_room
 TRAIN = {format_task(w) for w in TRAIN_TASKS}
 CRITERION_METHODS = ("msfa", "usfa")
 REACH, SETTLED = 0.8, 0.05
+ORACLE: dict = {}
+"""the BFS oracle's mean train-task return per (room, episodes), played once per process"""
 SETTING = (("grid", "grid_size"), ("replay", "replay_size"), ("target period", "target_update_period"))
 """the settings a candidate's row names (from its runs' config.json; the networks' are --scale's)"""
 
@@ -74,7 +76,11 @@ def judge(out: Path, oracle_episodes: int, budget: int | None = None) -> list[di
         require(len(steps) >= 2, f"{run} has fewer than 2 evaluations up to {total:,} env steps")
         last = steps[-1]
         earlier = min(steps, key=lambda s: abs(s - 0.8 * last))
-        oracle = float(np.mean(bfs_oracle_returns(TRAIN_TASKS, oracle_episodes, env=babyai_room(run))[0]))
+        room = tuple(saved.get(k) for k in ("grid_size", "objects_per_category", "episode_steps"))
+        if (room, oracle_episodes) not in ORACLE:  # the same room for every method and budget: played once
+            ORACLE[room, oracle_episodes] = float(np.mean(
+                bfs_oracle_returns(TRAIN_TASKS, oracle_episodes, env=babyai_room(run))[0]))
+        oracle = ORACLE[room, oracle_episodes]
         end, before = returns[last], returns[earlier]
         setting = ", ".join(f"{name} {saved[key]}" for name, key in SETTING if key in saved)
         rows.append({"folder": str(out), "method": method, "scale": protocol.get("scale", "paper"),
