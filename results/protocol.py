@@ -131,11 +131,11 @@ class Args:
     seeds_apart: bool | None = None
     """train each seed in its own single-threaded process, one per core, instead of vmapping a method's seeds in one
     process (default: on a CPU, where it trains the most seeds per hour: benchmarks/cpu_seeds.py, docs/scale.md)"""
-    env_workers: int = 8
-    """MiniHack: worker processes stepping each seed's envs"""
-    scale: str = "paper"
-    """paper (the scripts' defaults, the paper's settings), or mini: the miniature BabyAI, sized to be trained on a
-    CPU (SCALES; docs/babyai.md, "The miniature BabyAI")"""
+    env_workers: int | None = None
+    """MiniHack: worker processes stepping each seed's envs (default 8; with --resume: the saved number)"""
+    scale: str | None = None
+    """paper (the default: the scripts' defaults, the paper's settings), or mini: the miniature BabyAI, sized to be
+    trained on a CPU (SCALES; docs/babyai.md, "The miniature BabyAI"); with --resume: the saved one"""
     extra: str = ""
     """flags added to every run's command line, after --scale's (e.g. "--core-backend pallas", tiny test settings)"""
     max_minutes: float | None = None
@@ -347,6 +347,7 @@ def resolve(args: Args) -> Args:
                              f"{', '.join(f'--{k.replace(chr(95), chr(45))}' for k in differs)}")
         return dataclasses.replace(args, **{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
     require(args.env in METHODS, f"--env must be one of {', '.join(METHODS)}, got {args.env}")
+    args = dataclasses.replace(args, scale=args.scale or "paper", env_workers=8 if args.env_workers is None else args.env_workers)
     require(args.scale in SCALES, f"--scale must be one of {', '.join(SCALES)}, got {args.scale!r}")
     require(args.scale == "paper" or args.env in SCALES[args.scale],
             f"--scale {args.scale} exists for {', '.join(SCALES[args.scale])} only, not --env {args.env}")

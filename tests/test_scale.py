@@ -158,6 +158,20 @@ def test_the_protocol_refuses_bad_input_with_one_line(tmp_path, monkeypatch, cap
         assert stopped.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_resume_takes_every_saved_setting_the_command_line_leaves_out(tmp_path):
+    """`--resume OUT_DIR` alone continues a protocol started with settings other than the defaults (here --scale
+    mini and --env-workers 3), and names the one that differs when it is given."""
+    out = tmp_path / "p"
+    out.mkdir()
+    saved = {"env": "babyai", "methods": ["msfa"], "seeds": 2, "env_workers": 3, "scale": "mini", "extra": "",
+             "seeds_apart": True}
+    (out / "protocol.json").write_text(json.dumps(saved))
+    resolved = protocol.resolve(protocol.Args(str(out), resume=True))
+    assert {k: getattr(resolved, k) for k in saved} == saved | {"methods": ("msfa",)}
+    with pytest.raises(ConfigError, match="these differ: --scale$"):
+        protocol.resolve(protocol.Args(str(out), resume=True, scale="paper"))
+
+
 def test_the_protocol_trains_two_real_methods_is_interrupted_resumes_and_completes(tmp_path):
     """python -m results.protocol on this CPU with tiny settings: MSFA and its entangled-psi ablation, one seed
     each in its own pinned process (the CPU's default: both at once on 2 cores); Ctrl-C once MSFA's seed has a
