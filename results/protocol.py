@@ -9,6 +9,13 @@ OUT_DIR/<method>/ when all are complete, so every tool reads it as one run of al
     python -m results.protocol OUT_DIR --env babyai --devices 0 1 2 3  # four GPUs: four methods at a time
     python -m results.protocol OUT_DIR --resume                        # continue where it stopped
     python -m results.protocol OUT_DIR --env minihack --max-minutes 120 --methods msfa usfa_learned
+    python -m results.protocol OUT_DIR --env babyai fruitbot minihack --slurm --slurm-partition gpu  # a cluster
+    python -m results.protocol OUT_DIR --status                        # each run's job, state, progress, log
+
+With --slurm every run is a SLURM job submitted through submitit, all at once (SLURM schedules them; preempted and
+timed-out jobs checkpoint, requeue and resume), and the analysis a job after them; results/jobs.py says how, and
+docs/scale.md what each job asks for. Without it the runs run here, one per device or core at a time. Several --env
+make one protocol per env, in OUT_DIR/<env>/.
 
 OUT_DIR/<method>/ is each method's own run directory (config.json, metrics.csv, eval.csv, checkpoint.eqx, the
 per-seed parameter files, TensorBoard files); OUT_DIR/<method>.log its output, which the terminal also shows, each line
@@ -28,23 +35,24 @@ seed, lets all 10 fit; one of frames, with --extra "--replay-frames", 33 GiB per
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import importlib
 import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import tyro
 
-from common.run import exit_on_config_error, require
+from common.run import ConfigError, exit_on_config_error, require
+from results.jobs import LIVE_STATES, SINGLE_THREADED, LocalRunner, Run, SlurmOptions  # noqa: F401 (SINGLE_THREADED)
+from results import jobs as executors
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = {  # per env, in the order the paper's claims need them: name -> script and flags
@@ -104,6 +112,8 @@ SCALES = {
 """--scale: flags added to every method's command ("all") and to each method's own (its networks' sizes), before
 --extra; "paper" adds none (the scripts' defaults are the paper's settings)"""
 HOST_ENVS = ("minihack",)
+ENV_WORKERS = 8
+"""--env-workers' default: worker processes stepping each seed's NLE envs"""
 """envs stepped by C++ on the host (NLE): their runs get --env-workers processes per seed's envs"""
 ANALYSES = ("babyai",)
 """envs results.analyze plays (GotoAvoid)"""
@@ -118,9 +128,10 @@ optimiser state, and the transient copy while a replay is allocated)"""
 @dataclass
 class Args:
     out_dir: tyro.conf.Positional[str]
-    """the protocol's folder: one run directory per method, their logs, protocol.json and summary.json"""
-    env: str | None = None
-    """babyai, fruitbot or minihack (with --resume: the saved one)"""
+    """the protocol's folder: one run directory per method, their logs, protocol.json and summary.json (with several
+    --env: one such folder per env, OUT_DIR/<env>/)"""
+    env: tuple[str, ...] = ()
+    """babyai, fruitbot and/or minihack (several: one protocol per env; with --resume: the saved ones)"""
     methods: tuple[str, ...] = ()
     """methods to run, in this order (default: every method of --env, in the paper's order)"""
     seeds: int | None = None
@@ -130,7 +141,8 @@ class Args:
     seed's run pinned to each (default: one run at a time on whatever JAX sees; on a CPU every core)"""
     seeds_apart: bool | None = None
     """train each seed in its own single-threaded process, one per core, instead of vmapping a method's seeds in one
-    process (default: on a CPU, where it trains the most seeds per hour: benchmarks/cpu_seeds.py, docs/scale.md)"""
+    process (default: on a CPU without --slurm, where it trains the most seeds per hour: benchmarks/cpu_seeds.py,
+    docs/scale.md)"""
     env_workers: int | None = None
     """MiniHack: worker processes stepping each seed's envs (default 8; with --resume: the saved number)"""
     scale: str | None = None
@@ -144,6 +156,34 @@ class Args:
     """continue the protocol in OUT_DIR with its saved settings (protocol.json)"""
     analysis_episodes: int = 40
     """greedy episodes per task and seed of results.analyze at the end (the paper's Table A: 40)"""
+    status: bool = False
+    """print one line per (env, method): its job and state, env steps reached, the last evaluation, its log; then
+    exit (submits and runs nothing)"""
+    slurm: bool = False
+    """submit every run as a SLURM job through submitit (all at once; SLURM schedules them, requeues preempted and
+    timed-out ones, which resume from their checkpoints) and return; the analysis is a job that waits for them"""
+    slurm_partition: str | None = None
+    """--slurm: sbatch's --partition (default: the cluster's default partition)"""
+    slurm_account: str | None = None
+    """--slurm: sbatch's --account"""
+    slurm_qos: str | None = None
+    """--slurm: sbatch's --qos"""
+    slurm_time: int = 240
+    """--slurm: the time limit of each job in minutes; a run longer than that continues in its requeued job"""
+    slurm_gpus: int = 1
+    """--slurm: GPUs per job (0: a CPU job)"""
+    slurm_cpus: int = 8
+    """--slurm: CPUs per job (MiniHack's env workers are processes: give it --env-workers + 2)"""
+    slurm_mem: str | None = None
+    """--slurm: sbatch's --mem (e.g. 64G; docs/scale.md gives each method's replay per seed)"""
+    slurm_sbatch: tuple[str, ...] = ()
+    """--slurm: other #SBATCH parameters as KEY=VALUE (e.g. constraint=h100 exclude=node07)"""
+    slurm_job_prefix: str = "msfa-"
+    """--slurm: the jobs' names are this, the env and the run (e.g. msfa-babyai-usfa)"""
+
+    def __post_init__(self):
+        if isinstance(self.env, str):  # (a caller's Args(env="babyai"))
+            self.env = (self.env,)
 
 
 SAVED = ("env", "methods", "seeds", "env_workers", "scale", "extra", "seeds_apart")
@@ -160,10 +200,10 @@ def jobs(args: Args, name: str) -> list[tuple[str, int, int]]:
 
 def run_flags(args: Args, name: str, seed: int = 1, seeds: int | None = None) -> list[str]:
     """The method's script and flags (its defaults are the paper's settings), plus the protocol's."""
-    script, *flags = shlex.split(METHODS[args.env][name])
-    if args.env in HOST_ENVS:
-        flags += ["--env-workers", str(args.env_workers)]
-    scale = SCALES[args.scale].get(args.env, {})
+    script, *flags = shlex.split(METHODS[env_name(args)][name])
+    if env_name(args) in HOST_ENVS:
+        flags += ["--env-workers", str(ENV_WORKERS if args.env_workers is None else args.env_workers)]
+    scale = SCALES[args.scale].get(env_name(args), {})
     flags += shlex.split(scale.get("all", "")) + shlex.split(scale.get(name, ""))
     return [str(ROOT / script), *flags, "--seed", str(seed), "--num-seeds", str(seeds or args.seeds),
             *shlex.split(args.extra)]
@@ -189,24 +229,21 @@ def complete(run_dir: Path) -> bool:
     return bool(total and steps and max(steps) >= total)
 
 
-def command_for(args: Args, job: tuple[str, int, int], deadline: float | None) -> list[str]:
-    """The run's command: a new run, or --resume (from its checkpoint; a run stopped before its first checkpoint
-    starts over with its saved settings); a folder with run files but no settings is started anew (--overwrite moves
-    it aside)."""
-    name, seed, seeds = job
-    run_dir = Path(args.out_dir) / name
-    command = [sys.executable, *run_flags(args, name.split("/")[0], seed, seeds), "--run-dir", str(run_dir)]
-    if (run_dir / "checkpoint.eqx").exists() or (run_dir / "config.json").exists():
-        command.append("--resume")
-    elif run_dir.exists() and any(run_dir.iterdir()):
-        command.append("--overwrite")
-    if deadline is not None:
-        command += ["--max-minutes", f"{max(deadline - time.time(), 1.0) / 60:.2f}"]
-    return command
+def env_name(args: Args) -> str:
+    """The env of one env's protocol (its Args hold that env alone)."""
+    return args.env[0]
 
 
-SINGLE_THREADED = "--xla_cpu_multi_thread_eigen=false"
-"""XLA_FLAGS of a seed's run pinned to one core (XLA:CPU's ops stay on its thread)"""
+def training_runs(args: Args, names: list[str]) -> list[Run]:
+    """The runs (results.jobs.Run) of these methods that are not complete, in order."""
+    out = Path(args.out_dir)
+    runs = []
+    for name in names:
+        for job, seed, seeds in jobs(args, name):
+            if not complete(out / job):
+                runs.append(Run(job, [sys.executable, *run_flags(args, name, seed, seeds)], out / job,
+                                out / f"{job.replace('/', '.')}.log"))
+    return runs
 
 
 def merge_seeds(args: Args, name: str) -> bool:
@@ -241,49 +278,13 @@ def method_progress(args: Args, name: str) -> tuple[int, int | None]:
     return min(r[0] for r in reached), next((r[1] for r in reached if r[1]), None)
 
 
-class Run:
-    """One run's process, its output copied to the terminal (prefixed) and to OUT_DIR/<job>.log. device: a GPU
-    (CUDA_VISIBLE_DEVICES), or with cpu_core a core the process is pinned to, single-threaded."""
-
-    def __init__(self, name: str, command: list[str], device: str | None, out: Path, cpu_core: bool = False):
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        if device is not None and cpu_core:
-            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + SINGLE_THREADED).strip()
-            if shutil.which("taskset"):  # util-linux: the run's process and its threads on that core only
-                command = ["taskset", "--cpu-list", device, *command]
-        elif device is not None:
-            env["CUDA_VISIBLE_DEVICES"] = device
-        env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # runs (and the analysis) may share a device
-        self.name, self.device, self.started = name, device, time.time()
-        where = f" on {'core' if cpu_core else 'device'} {device}" if device is not None else ""
-        print(f"[protocol] {time.strftime('%H:%M:%S')} {name}{where}: {shlex.join(command)}", flush=True)
-        self.log = (out / f"{name.replace('/', '.')}.log").open("a")
-        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, start_new_session=True)  # Ctrl-C reaches it through us, once
-        self.copier = threading.Thread(target=self._copy, daemon=True)
-        self.copier.start()
-
-    def _copy(self):
-        for line in self.process.stdout:
-            self.log.write(line)
-            self.log.flush()
-            print(f"[{self.name}] {line}", end="", flush=True)
-
-    def finished(self) -> bool:
-        if self.process.poll() is None:
-            return False
-        self.copier.join()
-        self.log.close()
-        return True
-
-
 def analyze(args: Args, names: list[str]) -> dict[str, str]:
     """results.analyze of each method's saved agents into OUT_DIR/<method>/analysis/ (where the env has one)."""
     outcome = {}
     for name in names:
         run_dir = Path(args.out_dir) / name
-        if args.env not in ANALYSES:
-            outcome[name] = f"none for {args.env}"
+        if env_name(args) not in ANALYSES:
+            outcome[name] = f"none for {env_name(args)}"
             continue
         if not list(run_dir.glob("params_seed*.eqx")):
             outcome[name] = "no saved agents"
@@ -325,37 +326,62 @@ def replay_bytes_per_seed(args: Args) -> int:
     """The largest replay per seed among the methods, from each script's own replay_bytes at its flags + --extra."""
     sizes = []
     for name in args.methods:
-        script, *flags = shlex.split(METHODS[args.env][name])
+        script, *flags = shlex.split(METHODS[env_name(args)][name])
         module = importlib.import_module(Path(script).stem)
         sizes.append(module.replay_bytes(tyro.cli(module.Args, args=run_flags(args, name, seeds=1)[1:])))
     return max(sizes)
 
 
 # ------------------------------------------------------------------------------------------------------- settings
-def resolve(args: Args) -> Args:
-    """The settings: the saved ones with --resume, else the command line's with the env's defaults; checked."""
+def protocol_dirs(args: Args) -> list[tuple[str | None, Path]]:
+    """(env, folder) of each env's protocol: OUT_DIR itself for one env, OUT_DIR/<env>/ for several; with --resume
+    or --status the folders that hold a protocol.json (env None: read from it)."""
+    out = Path(args.out_dir)
+    if args.resume or args.status:
+        if (out / "protocol.json").exists():
+            return [(None, out)]
+        found = sorted(p.parent for p in out.glob("*/protocol.json"))
+        require(bool(found), f"{out / 'protocol.json'} does not exist; start the protocol there first "
+                             "(without --resume, with --env)")
+        return [(None, p) for p in found]
+    require(bool(args.env), "--env is required: babyai, fruitbot and/or minihack (or --resume OUT_DIR)")
+    unknown = [e for e in args.env if e not in METHODS]
+    require(not unknown, f"--env must be one of {', '.join(METHODS)}, got {' '.join(unknown)}")
+    require(len(set(args.env)) == len(args.env), f"--env repeats an env: {' '.join(args.env)}")
+    return [(args.env[0], out)] if len(args.env) == 1 else [(e, out / e) for e in args.env]
+
+
+def resolve(args: Args, env: str | None = None) -> Args:
+    """One env's settings: the saved ones with --resume, else the command line's with the env's defaults; checked."""
     out = Path(args.out_dir)
     saved_file = out / "protocol.json"
     if args.resume:
         require(saved_file.exists(), f"--resume: {saved_file} does not exist; start the protocol there first "
                                      "(without --resume, with --env)")
         saved = {"seeds_apart": False, "scale": "paper"} | json.loads(saved_file.read_text())  # (older ones lack these)
+        saved["env"] = (saved["env"],)
         given = {k: getattr(args, k) for k in SAVED if getattr(args, k) not in (None, (), "")}
+        if "env" in given and len(given["env"]) > 1:
+            given["env"] = tuple(e for e in given["env"] if e in saved["env"]) or given["env"]
         differs = {k: v for k, v in given.items() if (tuple(v) if isinstance(v, list) else v) !=
                    (tuple(saved[k]) if isinstance(saved[k], list) else saved[k])}
         require(not differs, f"--resume keeps the protocol's settings ({saved_file}); these differ: "
                              f"{', '.join(f'--{k.replace(chr(95), chr(45))}' for k in differs)}")
         return dataclasses.replace(args, **{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
-    require(args.env in METHODS, f"--env must be one of {', '.join(METHODS)}, got {args.env}")
-    args = dataclasses.replace(args, scale=args.scale or "paper", env_workers=8 if args.env_workers is None else args.env_workers)
+    if env is None:
+        require(len(args.env) == 1 and args.env[0] in METHODS,
+                f"--env must be one of {', '.join(METHODS)}, got {' '.join(args.env) or 'none'}")
+        env = args.env[0]
+    args = dataclasses.replace(args, env=(env,), scale=args.scale or "paper",
+                               env_workers=ENV_WORKERS if args.env_workers is None else args.env_workers)
     require(args.scale in SCALES, f"--scale must be one of {', '.join(SCALES)}, got {args.scale!r}")
-    require(args.scale == "paper" or args.env in SCALES[args.scale],
-            f"--scale {args.scale} exists for {', '.join(SCALES[args.scale])} only, not --env {args.env}")
+    require(args.scale == "paper" or env in SCALES[args.scale],
+            f"--scale {args.scale} exists for {', '.join(SCALES[args.scale])} only, not --env {env}")
     require(not (saved_file.exists() or (out.exists() and any(out.iterdir()))),
             f"{out} already holds a protocol or other files; continue it with --resume, or pass a new OUT_DIR")
-    known = METHODS[args.env]
+    known = METHODS[env]
     unknown = [m for m in args.methods if m not in known]
-    require(not unknown, f"unknown methods {unknown} for --env {args.env}; choose from {', '.join(known)}")
+    require(not unknown, f"unknown methods {unknown} for --env {env}; choose from {', '.join(known)}")
     require(args.seeds is None or args.seeds > 0, f"--seeds must be positive, got {args.seeds}")
     require(args.env_workers > 0 and args.analysis_episodes > 0,
             "--env-workers and --analysis-episodes must be positive")
@@ -364,10 +390,32 @@ def resolve(args: Args) -> Args:
     if args.seeds_apart is None:
         import jax
 
-        args = dataclasses.replace(args, seeds_apart=jax.default_backend() == "cpu")
-    limit = device_memory_limit() if args.env in FIT_SEEDS else None
+        args = dataclasses.replace(args, seeds_apart=not args.slurm and jax.default_backend() == "cpu")
+    limit = device_memory_limit() if env in FIT_SEEDS and not args.slurm else None
     per_seed = replay_bytes_per_seed(args) if limit is not None else None
     return dataclasses.replace(args, seeds=choose_seeds(args.seeds, per_seed, limit))
+
+
+def slurm_options(args: Args) -> SlurmOptions | None:
+    """--slurm's options, checked (None without --slurm; a --slurm-* flag without it is refused)."""
+    defaults = Args("")
+    given = [f.name for f in dataclasses.fields(Args) if f.name.startswith("slurm_") and
+             getattr(args, f.name) != getattr(defaults, f.name)]
+    require(args.slurm or not given, f"{', '.join('--' + g.replace('_', '-') for g in given)} without --slurm: add "
+                                     "--slurm to submit the runs as SLURM jobs")
+    if not args.slurm:
+        return None
+    require(shutil.which("sbatch") is not None, "--slurm: sbatch is not on PATH; run the protocol where SLURM's "
+                                                "commands are (a login node), or without --slurm")
+    require(not (args.devices or args.max_minutes), "--devices and --max-minutes are for one machine; on SLURM each "
+                                                    "job gets --slurm-gpus and --slurm-time (it is requeued as needed)")
+    require(args.slurm_time > 0 and args.slurm_cpus > 0 and args.slurm_gpus >= 0,
+            "--slurm-time and --slurm-cpus must be positive, --slurm-gpus >= 0")
+    bad = [p for p in args.slurm_sbatch if "=" not in p or not p.split("=", 1)[0]]
+    require(not bad, f"--slurm-sbatch takes KEY=VALUE (sbatch's long option without its dashes), got {' '.join(bad)}")
+    return SlurmOptions(args.slurm_partition, args.slurm_account, args.slurm_qos, args.slurm_time, args.slurm_gpus,
+                        args.slurm_cpus, args.slurm_mem, dict(p.split("=", 1) for p in args.slurm_sbatch),
+                        args.slurm_job_prefix)
 
 
 def device_name() -> str:
@@ -377,78 +425,80 @@ def device_name() -> str:
     return f"{len(devices)} x {devices[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}"
 
 
-@exit_on_config_error
-def main(args: Args) -> None:
-    require(args.max_minutes is None or args.max_minutes > 0, f"--max-minutes must be positive, got {args.max_minutes}")
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # this process only reads the devices
-    args = resolve(args)
+# -------------------------------------------------------------------------------------------------- the protocol
+def read_jobs(out: Path) -> dict:
+    """OUT_DIR/jobs.json: how the runs were started (executor "slurm" or "local") and each run's job or process."""
+    path = out / "jobs.json"
+    return json.loads(path.read_text()) if path.exists() else {"executor": None, "jobs": {}}
+
+
+def write_jobs(out: Path, record: dict) -> None:
+    (out / "jobs.json.tmp").write_text(json.dumps(record, indent=1))
+    (out / "jobs.json.tmp").replace(out / "jobs.json")
+
+
+def finish(args: Args, outcome: dict[str, dict] | None = None, not_started: tuple[str, ...] = (),
+           stopped: bool = False, wall_seconds: float | None = None) -> dict:
+    """The end of a protocol: merge seeds' runs, results.analyze of every method's saved agents (unless stopped),
+    OUT_DIR/summary.json. On SLURM the last job calls it, after every run's job has ended."""
     out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "protocol.json").write_text(json.dumps({k: getattr(args, k) for k in SAVED}, indent=1))
-    start = time.time()
-    deadline = None if args.max_minutes is None else start + 60 * args.max_minutes
-    device = device_name()
-    done = [m for m in args.methods if complete(out / m) or (args.seeds_apart and merge_seeds(args, m))]
-    queue = [job for m in args.methods if m not in done for job in jobs(args, m) if not complete(out / job[0])]
-    slots = list(args.devices) or ([str(c) for c in sorted(os.sched_getaffinity(0))] if args.seeds_apart else [None])
-    how = f"each seed apart, {len(slots)} at a time (one per core)" if args.seeds_apart else f"{len(slots)} at a time"
-    print(f"[protocol] {device}; {args.env}; {args.seeds} seeds per method, {how}; "
-          f"complete: {', '.join(done) or 'none'}"
-          f"; to run: {', '.join(dict.fromkeys(j[0].split('/')[0] for j in queue)) or 'none'}", flush=True)
-
-    stop = []
-
-    def on_signal(signum, frame):  # every run checkpoints and stops (the scripts handle SIGTERM); no new ones start
-        stop.append(signum)
-        for run in running.values():
-            if run.process.poll() is None:
-                run.process.send_signal(signal.SIGTERM)
-
-    running: dict[str, Run] = {}
-    results: dict[str, dict] = {}
-    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while queue or running:
-            for name, run in list(running.items()):
-                if run.finished():
-                    results[name] = {"exit_status": run.process.returncode,
-                                     "wall_seconds": round(time.time() - run.started, 1)}
-                    slots.append(run.device)
-                    del running[name]
-                    if args.seeds_apart:
-                        merge_seeds(args, name.split("/")[0])
-            out_of_time = deadline is not None and time.time() > deadline - min(30.0, 0.25 * 60 * args.max_minutes)
-            while queue and slots and not stop and not out_of_time:
-                job = queue.pop(0)
-                running[job[0]] = Run(job[0], command_for(args, job, deadline), slots.pop(0), out,
-                                      cpu_core=bool(args.seeds_apart))
-            if not running and (stop or out_of_time or not queue):
-                break
-            time.sleep(0.5)
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-    analysis = analyze(args, [m for m in args.methods if (out / m).exists()]) if not stop else {}
-    summary = {"device": device, "env": args.env, "scale": args.scale, "seeds": args.seeds,
-               "seeds_apart": args.seeds_apart,
-               "extra": args.extra,
-               "devices": list(args.devices), "wall_seconds": round(time.time() - start, 1), "methods": {}}
+    for name in args.methods:
+        if args.seeds_apart:
+            merge_seeds(args, name)
+    analysis = analyze(args, [m for m in args.methods if (out / m).exists()]) if not stopped else {}
+    record = read_jobs(out)
+    summary = {"device": device_name(), "env": env_name(args), "scale": args.scale, "seeds": args.seeds,
+               "seeds_apart": args.seeds_apart, "extra": args.extra, "devices": list(args.devices),
+               "executor": record["executor"], "wall_seconds": wall_seconds, "methods": {}}
+    outcome = dict(outcome or {})
+    if record["executor"] == "slurm":
+        for job, job_id in record["jobs"].items():
+            outcome.setdefault(job, {"job_id": job_id} | (executors.job_outcome(out / "slurm", job_id) or {}))
     for name in args.methods:
         steps, total = method_progress(args, name)
         script, *flags = run_flags(args, name)
         entry = {"command": shlex.join([str(Path(script).relative_to(ROOT)), *flags]), "env_steps_per_seed": steps,
-                 "total_timesteps": total,
-                 "share_of_protocol": round(steps / total, 4) if total else 0.0,
-                 "complete": complete(out / name), **results.get(name, {})}
+                 "total_timesteps": total, "share_of_protocol": round(steps / total, 4) if total else 0.0,
+                 "complete": complete(out / name), **outcome.get(name, {})}
         if args.seeds_apart:
-            entry["seed_runs"] = {job: results[job] for job, _, _ in jobs(args, name) if job in results}
+            entry["seed_runs"] = {job: outcome[job] for job, _, _ in jobs(args, name) if job in outcome}
         if name in analysis:
             entry["analysis"] = analysis[name]
-        if any(job[0].split("/")[0] == name for job in queue):
+        if any(job.split("/")[0] == name for job in not_started):
             entry["status"] = "not started"
         summary["methods"][name] = entry
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def run_here(args: Args) -> None:
+    """One env's protocol on this machine: its runs in order, one per device (or pinned core) at a time, then the
+    analysis and summary.json."""
+    out = Path(args.out_dir)
+    start = time.time()
+    deadline = None if args.max_minutes is None else start + 60 * args.max_minutes
+    done = [m for m in args.methods if complete(out / m) or (args.seeds_apart and merge_seeds(args, m))]
+    queue = training_runs(args, [m for m in args.methods if m not in done])
+    slots = list(args.devices) or ([str(c) for c in sorted(os.sched_getaffinity(0))] if args.seeds_apart else [None])
+    how = f"each seed apart, {len(slots)} at a time (one per core)" if args.seeds_apart else f"{len(slots)} at a time"
+    print(f"[protocol] {device_name()}; {env_name(args)}; {args.seeds} seeds per method, {how}; "
+          f"complete: {', '.join(done) or 'none'}"
+          f"; to run: {', '.join(dict.fromkeys(r.name.split('/')[0] for r in queue)) or 'none'}", flush=True)
+    record = {"executor": "local", "protocol_pid": os.getpid(), "jobs": {}}
+    write_jobs(out, record)
+
+    def started(name: str, pid: int) -> None:
+        record["jobs"][name] = pid
+        write_jobs(out, record)
+
+    def finished(name: str) -> None:
+        if args.seeds_apart:
+            merge_seeds(args, name.split("/")[0])
+
+    runner = LocalRunner(slots, bool(args.seeds_apart), deadline, started, finished)
+    left = runner.run(queue, args.max_minutes)
+    summary = finish(args, runner.outcome, tuple(r.name for r in left), bool(runner.stopped),
+                     round(time.time() - start, 1))
     for name, entry in summary["methods"].items():
         print(f"[protocol] {name}: {entry['env_steps_per_seed']:,} env steps per seed ({entry['share_of_protocol']:.0%}"
               f" of the protocol){', exit ' + str(entry['exit_status']) if 'exit_status' in entry else ''}",
@@ -457,10 +507,149 @@ def main(args: Args) -> None:
     if unfinished:
         print(f"[protocol] not complete: {', '.join(unfinished)}; continue with: python -m results.protocol "
               f"{shlex.quote(str(out))} --resume", flush=True)
-    if stop:
-        raise SystemExit(128 + stop[0])
+    if runner.stopped:
+        raise SystemExit(128 + runner.stopped[0])
     if any(e.get("exit_status") not in (None, 0) for e in summary["methods"].values()):
         raise SystemExit(1)
+
+
+def submit(args: Args, options: SlurmOptions) -> None:
+    """One env's protocol on SLURM: a job for each run that is not complete and has no live job, and the finishing
+    job after them; returns once submitted (`--status` follows them)."""
+    out = Path(args.out_dir)
+    record = read_jobs(out)
+    states = executors.slurm_states([*record["jobs"].values(), record.get("finish", "")]) \
+        if record["executor"] == "slurm" else {}
+    live = {job_id for job_id, (state, _) in states.items() if state in LIVE_STATES}
+    unfinished = training_runs(args, list(args.methods))
+    runs = [r for r in unfinished if record["jobs"].get(r.name) not in live]
+    running = tuple(record["jobs"][r.name] for r in unfinished if record["jobs"].get(r.name) in live)
+    prefix = f"{options.job_prefix}{env_name(args)}-"
+    first = not (out / "slurm").exists()
+    try:
+        ids = executors.submit_to_slurm(dataclasses.replace(options, job_prefix=prefix), out / "slurm", runs,
+                                        executors.FinishJob(finish, args), running)
+    except ConfigError:  # refused: OUT_DIR is left as it was (a new one is not created)
+        if first:
+            shutil.rmtree(out / "slurm", ignore_errors=True)
+        if not any(out.iterdir()):
+            out.rmdir()
+        raise
+    if record.get("finish") in live:  # the earlier finishing job: this one, after every run, replaces it
+        subprocess.run(["scancel", record["finish"]], capture_output=True)
+    record = {"executor": "slurm", "jobs": {**(record["jobs"] if record["executor"] == "slurm" else {}),
+                                            **{k: v for k, v in ids.items() if k != "finish"}},
+              "finish": ids["finish"]}
+    write_jobs(out, record)
+    print(f"[protocol] {env_name(args)}: submitted {len(runs)} run(s) as SLURM jobs "
+          f"{' '.join(ids[r.name] for r in runs) or '(none left to run)'}, then the analysis as job {ids['finish']}; "
+          f"follow them with: python -m results.protocol {shlex.quote(str(out))} --status", flush=True)
+
+
+# -------------------------------------------------------------------------------------------------------- status
+def last_evaluation(run_dir: Path) -> str:
+    """The last evaluation's mean test return (with GPI where the method has it), over tasks and seeds."""
+    path = run_dir / "eval.csv"
+    if not path.exists():
+        return "-"
+    with path.open() as f:
+        rows = [r for r in csv.DictReader(f) if r["split"] == "test"]
+    if not rows:
+        return "-"
+    last = max(int(r["step"]) for r in rows)
+    rows = [r for r in rows if int(r["step"]) == last]
+    gpi = [r for r in rows if r["gpi"] == "1"] or rows
+    return f"{sum(float(r['return_mean']) for r in gpi) / len(gpi):.2f} at {last:,}"
+
+
+def status_lines(args: Args) -> list[str]:
+    """One line per run of one env's protocol (per seed's run with seeds apart): job, state, progress, evaluation,
+    log; a failed one with its error's last line."""
+    out = Path(args.out_dir)
+    record = read_jobs(out)
+    states = executors.slurm_states(list(record["jobs"].values())) if record["executor"] == "slurm" else {}
+    protocol_alive = record["executor"] == "local" and pid_alive(record.get("protocol_pid"))
+    lines = []
+    for name in args.methods:
+        if args.seeds_apart and complete(out / name):
+            names = [name]
+        else:
+            names = [job for job, _, _ in jobs(args, name)]
+        for job in names:
+            run_dir, job_id = out / job, record["jobs"].get(job)
+            steps, total = progress(run_dir)
+            error = ""
+            if complete(run_dir):
+                state = "done"
+            elif record["executor"] == "slurm" and job_id is not None:
+                state, restarts = states.get(str(job_id), ("", 0))
+                outcome = executors.job_outcome(out / "slurm", str(job_id))
+                if state in LIVE_STATES:
+                    state = ("requeued" if state == "PENDING" and restarts else state.lower()) + (
+                        f" (restarts {restarts})" if restarts else "")
+                elif outcome is not None and "error" in outcome:
+                    state, error = "failed", outcome["error"]
+                else:
+                    state = f"{state.lower() or 'ended'} before the end"
+            elif record["executor"] == "local" and job_id is not None:
+                state = "running" if pid_alive(job_id) else ("stopped" if not protocol_alive else "ended")
+            else:
+                state = "pending" if protocol_alive or record["executor"] == "slurm" else "not started"
+            log = out / f"{job.replace('/', '.')}.log"
+            if state == "failed" and not error:
+                error = executors.last_line(log)
+            lines.append(f"{env_name(args):9s} {job:24s} {str(job_id or '-'):>8s} {state:22s} "
+                         f"{steps:>11,} / {total or 0:<11,} {last_evaluation(run_dir):>18s}  {log}"
+                         + (f"\n{'':9s} error: {error}" if error else ""))
+    return lines
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@exit_on_config_error
+def main(args: Args) -> None:
+    require(args.max_minutes is None or args.max_minutes > 0, f"--max-minutes must be positive, got {args.max_minutes}")
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # this process only reads the devices
+    if args.status:
+        print(f"{'env':9s} {'run':24s} {'job':>8s} {'state':22s} {'env steps':>11s} / {'of':<11s} "
+              f"{'last test return':>18s}  log")
+        for _, folder in protocol_dirs(args):
+            print("\n".join(status_lines(resolve(dataclasses.replace(args, out_dir=str(folder), resume=True,
+                                                                     status=False)))))
+        return
+    options = slurm_options(args)
+    protocols = [resolve(dataclasses.replace(args, out_dir=str(folder)), env) for env, folder in protocol_dirs(args)]
+    for one in protocols:
+        out = Path(one.out_dir)
+        record = read_jobs(out)
+        if options is None and record["executor"] == "slurm" and shutil.which("scontrol"):
+            states = executors.slurm_states(list(record["jobs"].values()))
+            live = [j for j, (state, _) in states.items() if state in LIVE_STATES]
+            require(not live, f"{out}: SLURM jobs {' '.join(live)} still run this protocol; wait for them (--status) "
+                              "or scancel them before resuming it here")
+    for one in protocols:
+        out = Path(one.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if options is not None:
+            submit(one, options)  # (protocol.json after: a submission SLURM refuses leaves OUT_DIR as it was)
+        save_settings(one)
+        if options is None:
+            run_here(one)
+
+
+def save_settings(args: Args) -> None:
+    (Path(args.out_dir) / "protocol.json").write_text(json.dumps(
+        {k: getattr(args, k) if k != "env" else env_name(args) for k in SAVED}, indent=1))
 
 
 if __name__ == "__main__":

@@ -167,7 +167,7 @@ def test_resume_takes_every_saved_setting_the_command_line_leaves_out(tmp_path):
              "seeds_apart": True}
     (out / "protocol.json").write_text(json.dumps(saved))
     resolved = protocol.resolve(protocol.Args(str(out), resume=True))
-    assert {k: getattr(resolved, k) for k in saved} == saved | {"methods": ("msfa",)}
+    assert {k: getattr(resolved, k) for k in saved} == saved | {"methods": ("msfa",), "env": ("babyai",)}
     with pytest.raises(ConfigError, match="these differ: --scale$"):
         protocol.resolve(protocol.Args(str(out), resume=True, scale="paper"))
 
