@@ -823,11 +823,14 @@ def eval_tasks(args: Args) -> np.ndarray:
     return np.concatenate([env_module(args).TRAIN_TASKS, env_module(args).TEST_TASKS])
 
 
-def make_evaluate(setup: Setup, args: Args, tasks=None):
+def make_evaluate(setup: Setup, args: Args, tasks=None, gpi_settings=GPI_SETTINGS):
     """evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params, on the train and test
     tasks (or any task vectors: results/evaluate.py). BabyAI and Fruitbot's JAX game: one jitted program; host envs
     (MiniHack, Fruitbot on procgen): greedy episodes on unrestricted levels, the network acting for all (task,
-    episode) envs at once, the envs on the host."""
+    episode) envs at once, the envs on the host. A UVFA has no GPI: gpi_settings (every script's parameter) can only
+    be GPI_SETTINGS."""
+    require(tuple(gpi_settings) == GPI_SETTINGS, f"a UVFA has no GPI: gpi_settings must be {GPI_SETTINGS}, "
+                                                 f"got {tuple(gpi_settings)}")
     tasks = eval_tasks(args) if tasks is None else tasks
     if on_host(args):
         return make_host_evaluate(setup, args, tasks)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import importlib
-import inspect
 import json
 import sys
 from dataclasses import dataclass
@@ -141,14 +140,9 @@ def greedy_step(script, net, to_input, policies, use_gpi: bool, image, w, prev_a
 
 def play(script, run_args, params, tasks: np.ndarray, settings: tuple, key) -> np.ndarray:
     """The script's evaluation of the GPI settings asked for: returns [settings, tasks, episodes]. Each setting keeps
-    its own keys, so --gpi off gives the rows of --gpi both's off setting at half the cost. A make_evaluate without
-    gpi_settings (uvfa.py's, which has one setting; copies written before the parameter) plays all its settings and
-    the others are dropped."""
+    its own keys, so --gpi off gives the rows of --gpi both's off setting at half the cost."""
     setup = script.make_setup(run_args)
-    if "gpi_settings" in inspect.signature(script.make_evaluate).parameters:
-        return np.asarray(script.make_evaluate(setup, run_args, tasks, gpi_settings=settings)(params, key))
-    returns = np.asarray(script.make_evaluate(setup, run_args, tasks)(params, key))
-    return returns[[script.GPI_SETTINGS.index(g) for g in settings]]
+    return np.asarray(script.make_evaluate(setup, run_args, tasks, gpi_settings=settings)(params, key))
 
 
 @exit_on_config_error

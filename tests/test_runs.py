@@ -22,7 +22,7 @@ import pytest
 
 import msfa_babyai as msfa
 import uvfa
-from common.run import parse_args
+from common.run import ConfigError, parse_args
 from helpers import TINY_MSFA
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -350,10 +350,11 @@ def test_one_gpi_setting_alone_gives_that_settings_rows_of_both(tmp_path):
 
 
 def test_evaluate_plays_only_the_gpi_settings_asked_for():
-    """results.evaluate hands the settings to make_evaluate; a copied script written before make_evaluate took
-    gpi_settings plays all of them and keeps those asked for."""
+    """results.evaluate hands the settings to make_evaluate (every script takes gpi_settings: docs/contract.md); a
+    UVFA, which has no GPI, refuses any but its one setting."""
     from types import SimpleNamespace
 
+    import uvfa
     from results.evaluate import play
 
     asked = []
@@ -363,15 +364,13 @@ def test_evaluate_plays_only_the_gpi_settings_asked_for():
         asked.append(gpi_settings)
         return lambda params, key: returns[list(gpi_settings)]
 
-    def old_make_evaluate(setup, args, tasks):
-        return lambda params, key: returns
-
-    for make in (make_evaluate, old_make_evaluate):
-        script = SimpleNamespace(GPI_SETTINGS=(0, 1), make_setup=lambda args: None, make_evaluate=make)
-        assert (play(script, None, None, None, (1,), None) == 11.0).all()
-        assert (play(script, None, None, None, (0,), None) == 10.0).all()
-        assert play(script, None, None, None, (0, 1), None).shape == (2, 2, 3)
+    script = SimpleNamespace(GPI_SETTINGS=(0, 1), make_setup=lambda args: None, make_evaluate=make_evaluate)
+    assert (play(script, None, None, None, (1,), None) == 11.0).all()
+    assert (play(script, None, None, None, (0,), None) == 10.0).all()
+    assert play(script, None, None, None, (0, 1), None).shape == (2, 2, 3)
     assert asked == [(1,), (0,), (0, 1)]
+    with pytest.raises(ConfigError, match="a UVFA has no GPI"):
+        uvfa.make_evaluate(None, None, None, gpi_settings=(0, 1))
 
 
 @pytest.mark.parametrize("overrides, message", [
