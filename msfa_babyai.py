@@ -683,7 +683,7 @@ def main(args: Args) -> None:
     check_args(args)
     per_iteration = steps_per_iteration(args)
     total_steps = whole_iterations(args, per_iteration)[0] * per_iteration  # at least --total-timesteps
-    run = RunDir(args, method_name(args), total_steps)  # refuses a used, missing or unwritable directory
+    run = RunDir(args, "babyai", method_name(args), total_steps)  # refuses a used, missing or unwritable directory
     setup = make_setup(args)
     seeds = [args.seed + i for i in range(args.num_seeds)]
     state = jax.vmap(lambda k: init_train_state(setup, args, k))(jnp.stack([jax.random.PRNGKey(s) for s in seeds]))

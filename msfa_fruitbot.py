@@ -798,7 +798,7 @@ def main(args: Args) -> None:
     check_replay_memory(args, replay_bytes(args))
     per_iteration = steps_per_iteration(args)
     total_steps = whole_iterations(args, per_iteration)[0] * per_iteration  # at least --total-timesteps
-    run = RunDir(args, method_name(args), total_steps)  # refuses a used, missing or unwritable directory
+    run = RunDir(args, "fruitbot", method_name(args), total_steps)  # refuses a used, missing or unwritable directory
     seeds = [args.seed + i for i in range(args.num_seeds)]
     setup = make_setup(args, seeds)
 

@@ -31,7 +31,7 @@ from common.envs import babyai
 from common.run import EVAL_FIELDS, ConfigError, exit_on_config_error, format_task, load_script, require
 from results.compact import open_params
 from results.contract import EVALUATE, has_psi, require_names
-from results.summarize import args_env, tasks_of_env
+from results.summarize import recorded_env, tasks_of_env
 
 MSFA_SCRIPTS = {"babyai": "msfa_babyai", "fruitbot": "msfa_fruitbot", "minihack": "msfa_minihack"}
 BASELINE_SCRIPTS = {"USFA": "usfa", "UVFA": "uvfa", "UVFA-FARM": "uvfa", "MVFA": "uvfa"}  # one script per family, --env
@@ -102,7 +102,7 @@ def load_agent(path: Path):
         else:  # files written before runs named their script: the repository's script of the method and env
             family = str(header.get("method", "")).split(" ")[0]  # "MSFA (entangled psi)" -> "MSFA"
             require(family == "MSFA" or family in BASELINE_SCRIPTS, f"{path}: unknown method {header.get('method')!r}")
-            env = args_env(header["args"])
+            env = recorded_env(header)
             require(env in MSFA_SCRIPTS, f"{path}: unknown environment {env!r}")
             script = importlib.import_module(MSFA_SCRIPTS[env] if family == "MSFA" else BASELINE_SCRIPTS[family])
         require_names(script, EVALUATE, "every results tool that loads agents", str(path))
@@ -152,7 +152,7 @@ def main(args: Args) -> None:
     require(args.gpi in ("both", "on", "off"), f"--gpi must be both, on or off, got {args.gpi!r}")
     require(args.episodes > 0, f"--episodes must be positive, got {args.episodes}")
     agents = [load_agent(path) for path in files]
-    envs = {args_env(header["args"]) for *_, header in agents}  # the files alone say it (config.json may be absent)
+    envs = {recorded_env(header) for *_, header in agents}  # the files alone say it (config.json may be absent)
     require(len(envs) == 1, f"{run_dir}'s parameter files come from different environments ({', '.join(sorted(envs))})")
     train_tasks, test_tasks = tasks_of_env(envs.pop())
     tasks = parse_tasks(args.tasks, train_tasks, test_tasks)

@@ -36,14 +36,18 @@ class Args:
 
 
 def run_env(run_dir: Path) -> str:
-    """The environment a run trained on, from its config.json: --env where the script has it, msfa_fruitbot.py's and
-    msfa_minihack.py's runs by their env settings, else BabyAI."""
+    """The environment a run trained on, as its config.json records it."""
     config = run_dir / "config.json"
-    return args_env(json.loads(config.read_text()).get("args", {}) if config.exists() else {})
+    return recorded_env(json.loads(config.read_text()) if config.exists() else {"args": {}})
 
 
-def args_env(saved: dict) -> str:
-    """The environment of a run's saved arguments (config.json's or a parameter file's header's)."""
+def recorded_env(record: dict) -> str:
+    """The env of a run's config.json or a parameter file's header: their "env". Files written before they
+    recorded it are read by their arguments: --env where the script has one, msfa_minihack.py's and
+    msfa_fruitbot.py's by their env settings, else BabyAI."""
+    if record.get("env"):
+        return record["env"]
+    saved = record.get("args", {})
     if saved.get("env"):
         return saved["env"]
     return "minihack" if "room_size" in saved else "fruitbot" if "distribution_mode" in saved else "babyai"

@@ -33,7 +33,7 @@ import tyro
 from common.run import exit_on_config_error, format_task, require
 from results.contract import has_psi, play_names, require_names
 from results.evaluate import greedy_step, load_agent, params_files, parse_tasks
-from results.summarize import args_env, tasks_of_env
+from results.summarize import recorded_env, tasks_of_env
 
 CATEGORY_NAMES = {
     "babyai": ("red ball", "blue ball", "green key", "yellow box"),
@@ -261,7 +261,7 @@ def record_episode(run_dir: Path, task: str, gpi: str = "on", seed: int = 0, run
     require(max_steps > 0, f"--max-steps must be positive, got {max_steps}")
     path = select_params(run_dir, run_seed)
     script, args, params, header = load_agent(path)
-    env_name = args_env(header["args"])
+    env_name = recorded_env(header)
     host = env_name == "minihack" or (env_name == "fruitbot" and getattr(args, "env_backend", "jax") == "procgen")
     host_env = ("make_env",) if host else ()
     require_names(script, play_names(script) + ("make_setup",) + host_env, "results.video", str(path))

@@ -409,6 +409,18 @@ def test_a_csv_without_a_header_is_refused(tmp_path):
     assert path.read_text() == "30720,1,84.1\n"
 
 
+def test_the_run_records_its_env_where_the_tools_read_it(finished):
+    """config.json and every parameter file's header say the env (the tools no longer guess it from the argument
+    names, which they still do for runs saved before it was recorded)."""
+    from common.run.checkpoint import read_checkpoint_header
+    from results.summarize import recorded_env, run_env
+
+    assert json.loads((finished / "config.json").read_text())["env"] == "babyai" == run_env(finished)
+    assert read_checkpoint_header(finished / "params_seed1.eqx")["env"] == "babyai"
+    assert recorded_env({"args": {"room_size": 5}}) == "minihack"  # a run saved before: read by its settings
+    assert recorded_env({"env": "fruitbot", "args": {}}) == "fruitbot"
+
+
 def test_config_records_a_missing_package_as_none():
     """A MiniHack-only install has no minigrid: config.json records None for it instead of stopping the run
     (as it once did, before any step, on an H200)."""

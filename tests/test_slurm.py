@@ -16,7 +16,7 @@ import slurm_cluster
 from test_scale import SMALL_NET, TINY, read
 
 ROOT = Path(__file__).resolve().parent.parent
-EXTRA = [*TINY, *SMALL_NET, "--total-timesteps", "1024", "--log-every", "32", "--eval-every", "128",
+EXTRA = [*TINY, *SMALL_NET, "--total-timesteps", "2048", "--log-every", "32", "--eval-every", "128",
          "--checkpoint-minutes", "0.01"]
 ON_THIS_NODE = ["--slurm", "--slurm-gpus", "0", "--slurm-cpus", "1"]
 
@@ -30,6 +30,15 @@ def cluster(tmp_path_factory):
         pytest.skip(why)
     with slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm")) as running:
         yield running
+
+
+@pytest.fixture(autouse=True)
+def empty_queue(cluster):
+    """Each test starts with no jobs and leaves none (a failed test's jobs are cancelled)."""
+    yield
+    subprocess.run(["scancel", "--user=root"], env=cluster.env, capture_output=True)
+    wait_for(lambda: not subprocess.run(["squeue", "-h"], env=cluster.env, capture_output=True,
+                                        text=True).stdout.strip(), "the queue to empty", seconds=120)
 
 
 def protocol(cluster, *args, timeout=120):
@@ -63,6 +72,25 @@ def start_now(cluster, job_id: str) -> None:
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster.env, check=True)
 
 
+def hold(conditions: dict, not_pids=()) -> dict[Path, int]:
+    """SIGSTOP each run's script (not one of not_pids) as soon as its condition holds, polled every 10 ms: a tiny
+    run trains in seconds, and held it cannot finish before the test acts on it. Returns their pids."""
+    held, deadline = {}, time.time() + 300
+    while len(held) < len(conditions):
+        assert time.time() < deadline, f"timed out holding {set(conditions) - set(held)}"
+        for run_dir, condition in conditions.items():
+            pid = None if run_dir in held else pid_of_run(run_dir)
+            if pid is not None and pid not in not_pids and condition():
+                os.kill(pid, signal.SIGSTOP)
+                held[run_dir] = pid
+        time.sleep(0.01)
+    return held
+
+
+def last_job_log(log: Path) -> str:
+    return log.read_text().split("[job ")[-1] if log.exists() else ""
+
+
 def pid_of_run(run_dir: Path) -> int | None:
     for proc in Path("/proc").iterdir():
         try:
@@ -92,12 +120,11 @@ def test_on_slurm_requeued_and_killed_runs_complete_and_the_requeued_one_equals_
     assert "submitted 2 run(s) as SLURM jobs" in submitted.stdout
     record = json.loads((out / "jobs.json").read_text())
     msfa, ablation = record["jobs"]["msfa"], record["jobs"]["msfa_entangled_psi"]
-    wait_for(lambda: (out / "msfa" / "checkpoint.eqx").exists(), "MSFA's first checkpoint")
-    os.kill(pid_of_run(out / "msfa"), signal.SIGSTOP)  # held while the test looks (SLURM's kill sends SIGCONT)
+    held = hold({out / name: (lambda name=name: (out / name / "checkpoint.eqx").exists())
+                 for name in ("msfa", "msfa_entangled_psi")})  # SLURM's kill sends SIGCONT before SIGTERM
     assert "running" in status(cluster, out)["msfa"]
 
-    wait_for(lambda: (out / "msfa_entangled_psi" / "checkpoint.eqx").exists(), "the ablation's first checkpoint")
-    os.kill(pid_of_run(out / "msfa_entangled_psi"), signal.SIGKILL)
+    os.kill(held[out / "msfa_entangled_psi"], signal.SIGKILL)
     wait_for(lambda: job_state(cluster, ablation) == "FAILED", "the ablation's job failing")
     shown = status(cluster, out)
     assert "failed" in shown["msfa_entangled_psi"] and "exited with status -9" in shown["error"], shown
@@ -105,9 +132,10 @@ def test_on_slurm_requeued_and_killed_runs_complete_and_the_requeued_one_equals_
     subprocess.run(["scontrol", "requeue", msfa], env=cluster.env, check=True)
     start_now(cluster, msfa)
     assert "restarts 1" in status(cluster, out)["msfa"]
-    wait_for(lambda: "resumed" in (out / "msfa.log").read_text(), "MSFA's requeued job resuming")
-    steps_resumed = len(read(out / "msfa" / "metrics.csv"))
-    wait_for(lambda: len(read(out / "msfa" / "metrics.csv")) > steps_resumed, "MSFA training again")
+    training_again = re.compile(r"resumed .*\nstep ", re.S)  # the requeued job's run resumed and trains
+    again = hold({out / "msfa": lambda: bool(training_again.search(last_job_log(out / "msfa.log")))},
+                 not_pids=held.values())[out / "msfa"]
+    os.kill(again, signal.SIGCONT)
     subprocess.run(["scancel", "--signal", "USR2", msfa], env=cluster.env, check=True)
     start_now(cluster, msfa)
     assert "restarts 2" in status(cluster, out)["msfa"]
@@ -124,7 +152,7 @@ def test_on_slurm_requeued_and_killed_runs_complete_and_the_requeued_one_equals_
     for name in ("msfa", "msfa_entangled_psi"):
         entry = summary["methods"][name]
         assert entry["complete"] and entry["analysis"] == "ok" and entry["exit_status"] == 0, entry
-    last_job = (out / "msfa_entangled_psi.log").read_text().split("[job ")[-1]
+    last_job = last_job_log(out / "msfa_entangled_psi.log")
     assert int(re.search(r"resumed \S+ at step (\d+)", last_job).group(1)) > 0  # from its last checkpoint
 
     assert reference.wait(timeout=600) == 0

@@ -7,16 +7,12 @@ import csv
 import dataclasses
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from common.run.errors import SaveFailed, StopRun, require
-
-if TYPE_CHECKING:
-    from common.run.run_dir import RunDir
 
 
 EVAL_FIELDS = ["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"]
@@ -95,19 +91,19 @@ def _quiet_writer_threads() -> None:
 class RunLogs:
     """metrics.csv, eval.csv and TensorBoard (and wandb with --track), per seed."""
 
-    def __init__(self, run: RunDir, metric_fields: list[str]):
+    def __init__(self, path: Path, args, metric_fields: list[str]):
+        """path: the run directory; args: the run's Args (--track and the wandb settings)."""
         from tensorboardX import SummaryWriter
 
-        self.metrics = CsvLog(run.path / "metrics.csv", metric_fields)
-        self.evals = CsvLog(run.path / "eval.csv", EVAL_FIELDS)
-        self.writer = SummaryWriter(str(run.path))
+        self.metrics = CsvLog(path / "metrics.csv", metric_fields)
+        self.evals = CsvLog(path / "eval.csv", EVAL_FIELDS)
+        self.writer = SummaryWriter(str(path))
         _quiet_writer_threads()
-        args = run.args
         if args.track:
             import wandb
 
             wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args),
-                       name=run.path.name, dir=str(run.path), sync_tensorboard=True, resume="allow")
+                       name=path.name, dir=str(path), sync_tensorboard=True, resume="allow")
 
     def write_metrics(self, rows: list[dict]) -> None:
         """One row per seed: to metrics.csv, and every filled-in number to TensorBoard as seed<N>/<name>."""
@@ -238,13 +234,13 @@ def eval_line(rows: list[dict]) -> str:
             f"({'GPI' if gpi else 'no GPI'}) {np.mean(test):.2f}")
 
 
-def require_finite(rows: list[dict], names: tuple[str, ...], run: RunDir) -> None:
+def require_finite(rows: list[dict], names: tuple[str, ...], checkpoint: Path) -> None:
     """Stop (keeping the last good checkpoint) if a loss of a metrics row is NaN or infinite."""
     for row in rows:
         for k in names:
             if row[k] != "" and not math.isfinite(row[k]):
                 raise StopRun(f"step {row['step']:,}: {k} became {row[k]} (seed {row['seed']}); stopped without "
-                              f"saving; {run.checkpoint} keeps the last good state")
+                              f"saving; {checkpoint} keeps the last good state")
 
 
 def eval_rows(evaluate, params, seeds: list[int], step: int, tasks, num_train: int, gpi_settings) -> list[dict]:

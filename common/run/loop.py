@@ -57,7 +57,7 @@ def train_in_chunks(run: RunDir, args, state, seeds: list[int], per_iteration: i
             sps = n * per_iteration / (time.time() - chunk_start)
             rows = metric_rows(metrics, state.sgd_steps, seeds, step, sps, loss_names, task_names)
             logs.write_metrics(rows)
-            require_finite(rows, loss_names, run)  # stops on NaN/inf, keeping the last good checkpoint
+            require_finite(rows, loss_names, run.checkpoint)  # stops on NaN/inf, keeping the last good checkpoint
             eta = (time.time() - start_time) / (iteration - start_iteration) * (total_iterations - iteration)
             print(progress_line(rows, total_steps, eta), flush=True)
             last = iteration >= total_iterations or run.out_of_time()

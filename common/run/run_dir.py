@@ -43,7 +43,10 @@ class RunDir:
     on an old one (unless --overwrite moves the old one aside), and --resume needs a readable config.json and
     checkpoint of the same method whose settings match, apart from those safe to change (settings.safe_to_change)."""
 
-    def __init__(self, args, method: str, total_steps: int):
+    def __init__(self, args, env: str, method: str, total_steps: int):
+        """env: babyai, fruitbot or minihack, the env the run trains on (recorded in config.json and in the parameter
+        files, where the tools read it)."""
+        self.env = env
         self.path = default_run_dir(args)
         self.checkpoint = self.path / "checkpoint.eqx"
         self.method, self.start_step, self.resumed_from, self.saved_step = method, 0, None, None
@@ -133,11 +136,13 @@ class RunDir:
         args = dataclasses.asdict(self.args)
         command = " ".join(sys.argv)
         if self.resumed_from is None:
-            config = {"args": args, "script": self.script, **config, "versions": versions(), "command": command}
+            config = {"args": args, "script": self.script, "env": self.env, **config, "versions": versions(),
+                      "command": command}
             if self.started_over:  # a --resume that found no checkpoint: this is the run's first saved start
                 config["started_over"] = time.strftime("%Y-%m-%d %H:%M:%S")
         else:
             config = self.config
+            config.setdefault("env", self.env)  # (runs saved before config.json recorded it)
             config["args"] = {**config["args"], **{k: args[k] for k in self.resumed_from}}  # run_dir: where it is now
             config.setdefault("resumes", []).append({
                 "step": self.start_step, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command,
@@ -169,7 +174,8 @@ class RunDir:
         """params_seed<N>.eqx for every seed: the online parameters alone (a few MB; what analysis reads and what a
         GPU machine can bring back), with a JSON header holding the step, the seed, the method and the run's
         arguments, from which a script rebuilds the network to load them into. Only the latest are kept."""
-        header = {"step": step, "method": self.method, "script": self.script, "args": dataclasses.asdict(self.args)}
+        header = {"step": step, "method": self.method, "script": self.script, "env": self.env,
+                  "args": dataclasses.asdict(self.args)}
         for i, seed in enumerate(seeds):
             save_checkpoint(self.path / f"params_seed{seed}.eqx", jax.tree.map(lambda x: x[i], params),
                             header | {"seed": seed}, f"free space, then resume with: {self.resume_command()}")
@@ -186,7 +192,7 @@ class RunDir:
         return f"python {Path(sys.argv[0]).name} --resume --run-dir {self.path}"
 
     def open_logs(self, metric_fields: list[str]) -> "RunLogs":
-        return RunLogs(self, metric_fields)
+        return RunLogs(self.path, self.args, metric_fields)
 
 
 VERSIONED = ("jax", "jaxlib", "equinox", "optax", "flashbax", "gymnax", "minigrid", "procgen-mirror", "nle", "minihack",
