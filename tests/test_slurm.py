@@ -66,9 +66,11 @@ def wait_for(condition, what: str, seconds: float = 300):
         time.sleep(0.5)
 
 
-def start_now(cluster, job_id: str) -> None:
-    """A requeued job waits ~2 minutes before it is eligible (SLURM's rule); the test lets it start at once."""
+def requeued(cluster, out: Path, job_id: str, restarts: int) -> None:
+    """Once the requeued job is pending, --status says so; then it starts at once (SLURM would hold it ~2 minutes
+    before it is eligible)."""
     wait_for(lambda: job_state(cluster, job_id) == "PENDING", f"job {job_id} pending again")
+    assert f"requeued (restarts {restarts})" in status(cluster, out)["msfa"]
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster.env, check=True)
 
 
@@ -130,15 +132,11 @@ def test_on_slurm_requeued_and_killed_runs_complete_and_the_requeued_one_equals_
     assert "failed" in shown["msfa_entangled_psi"] and "exited with status -9" in shown["error"], shown
 
     subprocess.run(["scontrol", "requeue", msfa], env=cluster.env, check=True)
-    start_now(cluster, msfa)
-    assert "restarts 1" in status(cluster, out)["msfa"]
-    training_again = re.compile(r"resumed .*\nstep ", re.S)  # the requeued job's run resumed and trains
-    again = hold({out / "msfa": lambda: bool(training_again.search(last_job_log(out / "msfa.log")))},
-                 not_pids=held.values())[out / "msfa"]
-    os.kill(again, signal.SIGCONT)
+    requeued(cluster, out, msfa, restarts=1)
+    again = hold({out / "msfa": lambda: "resumed" in last_job_log(out / "msfa.log")}, not_pids=held.values())
+    os.kill(again[out / "msfa"], signal.SIGCONT)
     subprocess.run(["scancel", "--signal", "USR2", msfa], env=cluster.env, check=True)
-    start_now(cluster, msfa)
-    assert "restarts 2" in status(cluster, out)["msfa"]
+    requeued(cluster, out, msfa, restarts=2)
 
     resumed = protocol(cluster, out, "--resume", *ON_THIS_NODE, "--analysis-episodes", 2)
     assert resumed.returncode == 0, resumed.stderr
