@@ -45,10 +45,10 @@ from common.envs.minihack import (CROP, NUM_ACTIONS, ROOM_SIZES, TEST_TASKS, TRA
                              make_rooms, render, step_in_jit, tile_set)
 from common.envs.host import play_first_episodes
 from common.gpi import gpi_values
-from common.networks import MLP, count_params, oar_vector
-from common.run import (RunArgs, RunDir, check_replay_args, check_replay_memory, check_run_args, eval_rows,
-                        exit_on_config_error, format_task, parse_args, require, require_non_negative, require_positive,
-                        train_in_chunks, whole_iterations)
+from common.networks import MLP, count_params, prev_action_reward
+from common.run import (IterationMetrics, RunArgs, RunDir, SGDMetrics, Training, check_replay_args, check_replay_memory,
+                        check_run_args, exit_on_config_error, finished_episodes, parse_args, require,
+                        require_non_negative, require_positive, train_in_chunks, whole_iterations)
 
 
 # =====================================================================================================================
@@ -235,6 +235,7 @@ class MSFANetwork(eqx.Module):
     core: FarmCore  # the module states s^k = h^k
     psi_mlp: MLP  # modular: shared by modules, [h^k; z * e_k] -> A x C_k; entangled: [h^1..h^n; z] -> A x C
     phi_mlp: MLP  # modular: shared by modules, [h^k_{t+1}; h^k_t] -> C_k; entangled: all modules' pairs -> C
+    num_modules: int = eqx.field(static=True)
     task_dim: int = eqx.field(static=True)
     entangled_psi: bool = eqx.field(static=True)
     entangled_phi: bool = eqx.field(static=True)
@@ -252,11 +253,11 @@ class MSFANetwork(eqx.Module):
         self.phi_mlp = MLP((2 * d * (n if args.entangled_phi else 1), *args.phi_hidden,
                             task_dim if args.entangled_phi else per_module), k_phi)
         self.task_dim, self.entangled_psi, self.entangled_phi = task_dim, args.entangled_psi, args.entangled_phi
+        self.num_modules = n
 
     def module_masks(self):
         """e_k: the 0/1 mask [n, C] of module k's slice of the task vector."""
-        n = self.core.farm.num_modules
-        return jnp.repeat(jnp.eye(n), self.task_dim // n, axis=1)
+        return jnp.repeat(jnp.eye(self.num_modules), self.task_dim // self.num_modules, axis=1)
 
     def psi(self, h, z):
         """Successor features [A, C] of policy z: module k gives the columns of its slice, from [h^k; z * e_k]."""
@@ -321,22 +322,16 @@ def see(core, tiles):
 
 def core_step(core, tiles, prev_action, prev_reward, state):
     """One step of the recurrent core on one crop."""
-    return core.recur(see(core, tiles), oar_vector(prev_action, prev_reward, NUM_ACTIONS), state)
+    return core.recur(see(core, tiles), prev_action_reward(prev_action, prev_reward, NUM_ACTIONS), state)
 
 
 def unroll(core, seq: Sequence):
-    """The torso's maps [T, 8, 8, 32] of a sequence's crops (the torso runs outside the loop) and the recurrent
-    states (h, c) [T, ...] along it."""
+    """The recurrent states (h, c) [T, ...] along a sequence (the torso reads all its crops at once, outside the
+    recurrence)."""
     maps = jax.vmap(partial(see, core))(seq.steps.obs)
-    vectors = jax.vmap(partial(oar_vector, num_actions=NUM_ACTIONS))(seq.steps.prev_action, seq.steps.prev_reward)
-    return maps, core.unroll(maps, vectors, seq.steps.first, seq.state)
-
-
-def unroll_online_and_target(core, target_core, seq: Sequence):
-    """The online core's maps and states (h, c) [T, ...] and the target core's h [T, ...] (stop-gradient) along a
-    sequence."""
-    maps, states = unroll(core, seq)
-    return maps, states, jax.lax.stop_gradient(unroll(target_core, seq)[1][0])
+    vectors = jax.vmap(partial(prev_action_reward, num_actions=NUM_ACTIONS))(seq.steps.prev_action,
+                                                                            seq.steps.prev_reward)
+    return core.unroll(maps, vectors, seq.steps.first, seq.state)
 
 
 def next_states(core, seq: Sequence, states):
@@ -420,39 +415,41 @@ def importance_weights(probabilities, exponent: float):
     return weights / jnp.max(weights)
 
 
-def successor_features(net, target_net, seq: Sequence, args: Args):
+def successor_features(net, target_net, seq: Sequence):
     """States (h, c) [T, ...] along a sequence, and the online and (stop-gradient) target psi [T, A, C] of z = w."""
-    _, states, h_target = unroll_online_and_target(net.core, target_net.core, seq)
+    states = unroll(net.core, seq)
+    h_target = jax.lax.stop_gradient(unroll(target_net.core, seq)[0])
     return states, jax.vmap(net.psi)(states[0], seq.steps.w), jax.vmap(target_net.psi)(h_target, seq.steps.w)
 
 
-def sf_td_error(psi, psi_target, cumulants, seq: Sequence, args: Args):
+def sf_td_error(psi, psi_target, q, cumulants, seq: Sequence, terminal, args: Args):
     """n-step double-Q SF TD errors [T-1, C], one TD problem per cumulant dimension with cumulants[t] the
-    pseudo-reward of transition t; the online psi . w picks the bootstrap action. Returns (errors, valid)."""
+    pseudo-reward of transition t; the online q = psi . w [T, A] picks the bootstrap action; terminal: as
+    n_step_targets' terminal_at_end. Returns (errors, valid)."""
     s = seq.steps
-    q = jnp.einsum("tac,tc->ta", psi, s.w)
     targets, valid = n_step_targets(cumulants, double_q_bootstrap(q, psi_target), ~s.first[1:], args.n_step,
-                                    args.gamma, terminal_transitions(seq, args))
+                                    args.gamma, terminal)
     return jax.lax.stop_gradient(targets) - psi[jnp.arange(q.shape[0] - 1), s.action[:-1]], valid
 
 
 def sequence_loss(net: MSFANetwork, target_net: MSFANetwork, seq: Sequence, args: Args):
     """The three MSFA losses of one sequence, and the TD errors that set its priority."""
     s = seq.steps
-    states, psi, psi_target = successor_features(net, target_net, seq, args)  # psi [T, A, C]
+    states, psi, psi_target = successor_features(net, target_net, seq)  # psi [T, A, C]
     q = jnp.einsum("tac,tc->ta", psi, s.w)
     q_target = jnp.einsum("tac,tc->ta", psi_target, s.w)
     phi = jax.vmap(net.phi)(next_states(net.core, seq, states), states[0][:-1])  # [T-1, C]
     steps, taken = jnp.arange(q.shape[0] - 1), s.action[:-1]
+    terminal = terminal_transitions(seq, args)
 
     # n-step double Q-learning on Q = psi . w
     q_targets, valid = n_step_targets(s.reward[:-1], double_q_bootstrap(q, q_target), ~s.first[1:], args.n_step,
-                                      args.gamma, terminal_transitions(seq, args))
+                                      args.gamma, terminal)
     delta_q = jax.lax.stop_gradient(q_targets) - q[steps, taken]
     loss_q = masked_mean(0.5 * delta_q**2, valid)
 
     # n-step SF learning with the (stop-gradient) learned cumulants as pseudo-rewards
-    delta_psi, _ = sf_td_error(psi, psi_target, jax.lax.stop_gradient(phi), seq, args)  # [T-1, C]
+    delta_psi, _ = sf_td_error(psi, psi_target, q, jax.lax.stop_gradient(phi), seq, terminal, args)  # [T-1, C]
     loss_psi = masked_mean(jnp.mean(0.5 * delta_psi**2, axis=-1), valid)
 
     # cumulants regressed so that phi . w predicts the reward
@@ -465,7 +462,7 @@ def sequence_loss(net: MSFANetwork, target_net: MSFANetwork, seq: Sequence, args
 
 
 LOSS_NAMES = ("loss", "loss_q", "loss_psi", "loss_phi", "q_mean", "grad_norm")
-"""what an SGD step reports (metrics.csv columns)"""
+"""what an SGD step reports (metrics.csv columns): batch_loss's losses and the gradient's norm"""
 
 
 def batch_loss(net: MSFANetwork, target_net: MSFANetwork, batch: Sequence, probabilities, args: Args):
@@ -475,9 +472,9 @@ def batch_loss(net: MSFANetwork, target_net: MSFANetwork, batch: Sequence, proba
     loss_phi = jnp.sum(out["phi_error_sum"]) / (jnp.sum(out["phi_count"]) + 1e-5)
     loss = (args.sf_coeff * jnp.mean(weights * out["loss_psi"]) + args.q_coeff * jnp.mean(out["loss_q"])
             + args.phi_coeff * loss_phi)
-    metrics = {"loss": loss, "loss_q": jnp.mean(out["loss_q"]), "loss_psi": jnp.mean(out["loss_psi"]),
-               "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"])}
-    return loss, (out["priority"], metrics)
+    losses = {"loss": loss, "loss_q": jnp.mean(out["loss_q"]), "loss_psi": jnp.mean(out["loss_psi"]),
+              "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"])}
+    return loss, (out["priority"], losses)
 
 
 # =====================================================================================================================
@@ -562,7 +559,7 @@ def init_train_state(setup: Setup, args: Args, key, actors: Actor) -> TrainState
     # as in the original, the target network starts from its own random init until the first copy
     target_params, _ = eqx.partition(make_network(args, k_target), eqx.is_inexact_array)
     example = jax.tree.map(lambda x: x[0], make_sequences(
-        jax.tree.map(lambda x: jnp.zeros((args.sequence_period,) + x.shape, x.dtype), current_step(actors)),
+        jax.tree.map(lambda x: jnp.zeros((args.sequence_period,) + x.shape, x.dtype), step_before_acting(actors)),
         actors, actors.rnn))
     state = TrainState(params=params, target_params=target_params, opt_state=setup.optimizer.init(params),
                        buffer=setup.buffer.init(example), actors=actors, key=k_run,
@@ -571,8 +568,9 @@ def init_train_state(setup: Setup, args: Args, key, actors: Actor) -> TrainState
     return jax.tree.map(lambda x: jnp.asarray(x, x.dtype), state)
 
 
-def current_step(actors: Actor) -> Step:
-    """The step every env is at now, before it acts (action, reward, terminal and final view are placeholders)."""
+def step_before_acting(actors: Actor) -> Step:
+    """The step every env is at now, before it acts: its crop and what led to it; action, reward, terminal and the
+    final view are placeholders that acting fills in."""
     return Step(obs=actors.image, w=actors.w, prev_action=actors.prev_action, prev_reward=actors.prev_reward,
                 first=actors.first, action=actors.prev_action, reward=actors.prev_reward,
                 terminal=jnp.zeros_like(actors.first), final_obs=actors.image)
@@ -580,7 +578,7 @@ def current_step(actors: Actor) -> Step:
 
 def make_sequences(steps: Step, actors: Actor, start_rnn) -> Sequence:
     """One sequence per env: the period's steps [P, E] plus the step the envs are at now (action/reward 0)."""
-    last = current_step(actors)._replace(action=jnp.zeros_like(actors.prev_action),
+    last = step_before_acting(actors)._replace(action=jnp.zeros_like(actors.prev_action),
                                          reward=jnp.zeros_like(actors.prev_reward))
     steps = jax.tree.map(lambda xs, x: jnp.concatenate([xs, x[None]]), steps, last)
     return Sequence(steps=jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), state=start_rnn)
@@ -603,7 +601,7 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
     action = jnp.where(explore, jax.random.randint(k_action, (e,), 0, NUM_ACTIONS), jnp.argmax(q, -1))
     image, w, reward, terminated, truncated, final_obs = env_step(setup, args, actors.seed_index, action)
     done = terminated | truncated
-    step = current_step(actors)._replace(action=action, reward=reward, terminal=terminated, final_obs=final_obs)
+    step = step_before_acting(actors)._replace(action=action, reward=reward, terminal=terminated, final_obs=final_obs)
     episode_return = actors.episode_return + reward
     episode_length = actors.episode_length + 1
     finished = {"done": done, "return": episode_return, "task": jnp.argmax(actors.w, -1),
@@ -625,14 +623,14 @@ def sgd_step(setup: Setup, args: Args, state: TrainState, key):
         return batch_loss(eqx.combine(params, setup.static), target_net, sample.experience, sample.probabilities,
                           args)
 
-    grads, (priorities, metrics) = jax.grad(loss_fn, has_aux=True)(state.params)
+    grads, (priorities, losses) = jax.grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = setup.optimizer.update(grads, state.opt_state, state.params)
     params = eqx.apply_updates(state.params, updates)
     buffer = setup.buffer.set_priorities(state.buffer, sample.indices, priorities)
     sgd_steps = state.sgd_steps + 1
     copy = sgd_steps % args.target_update_period == 0
     target_params = jax.tree.map(lambda p, t: jnp.where(copy, p, t), params, state.target_params)
-    metrics["grad_norm"] = optax.tree.norm(grads)
+    metrics = SGDMetrics(losses | {"grad_norm": optax.tree.norm(grads)})
     return state._replace(params=params, target_params=target_params, opt_state=opt_state, buffer=buffer,
                           sgd_steps=sgd_steps), metrics
 
@@ -650,19 +648,14 @@ def train_iteration(setup: Setup, args: Args, state: TrainState, _):
     def learn(state):
         state, metrics = jax.lax.scan(partial(sgd_step, setup, args), state,
                                       jax.random.split(k_learn, sgd_steps_per_iteration(args)))
-        return state, jax.tree.map(lambda x: jnp.mean(x, 0), metrics) | {"learning": jnp.ones(())}
+        return state, (jax.tree.map(lambda x: jnp.mean(x, 0), metrics), jnp.ones(()))
 
-    def wait(state):
-        return state, {k: jnp.zeros(()) for k in LOSS_NAMES} | {"learning": jnp.zeros(())}
+    def wait(state):  # replay cannot be sampled yet: no SGD step, learn's metrics as zeros
+        return state, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(learn, state)[1])
 
-    state, metrics = jax.lax.cond(setup.buffer.can_sample(state.buffer), learn, wait, state)
-    done = finished["done"]
-    one_hot = jax.nn.one_hot(finished["task"], TRAIN_TASKS.shape[0]) * done[..., None]
-    metrics["return_sum"] = jnp.sum(one_hot * finished["return"][..., None], axis=(0, 1))
-    metrics["return_count"] = jnp.sum(one_hot, axis=(0, 1))
-    metrics["length_sum"] = jnp.sum(done * finished["length"])
-    metrics["epsilon"] = jnp.mean(actors.epsilon)
-    return state, metrics
+    state, (sgd, learning) = jax.lax.cond(setup.buffer.can_sample(state.buffer), learn, wait, state)
+    return state, IterationMetrics(sgd, learning, **finished_episodes(finished, TRAIN_TASKS.shape[0]),
+                                   epsilon=jnp.mean(actors.epsilon))
 
 
 def make_train_chunk(setup: Setup, args: Args, iterations: int):
@@ -678,7 +671,6 @@ def make_train_chunk(setup: Setup, args: Args, iterations: int):
 GPI_SETTINGS = (0, 1)
 """eval.csv's gpi column: 0 acts on psi(s, a, w) . w, 1 on max_z psi(s, a, z) . w over the --gpi-support tasks"""
 EVAL_TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])
-TRAIN_TASK_NAMES = [format_task(w) for w in TRAIN_TASKS]
 
 
 def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS, gpi_settings=GPI_SETTINGS):
@@ -721,7 +713,7 @@ def main(args: Args) -> None:
     check_args(args)
     check_replay_memory(args, replay_bytes(args))
     per_iteration = steps_per_iteration(args)
-    total_steps = whole_iterations(args, per_iteration)[0] * per_iteration  # at least --total-timesteps
+    total_steps = whole_iterations(args.total_timesteps, per_iteration) * per_iteration
     run = RunDir(args, "minihack", method_name(args), total_steps)  # refuses a used, missing or unwritable directory
     seeds = [args.seed + i for i in range(args.num_seeds)]
     setup = make_setup(args, seeds)
@@ -735,20 +727,17 @@ def main(args: Args) -> None:
     state = jax.jit(jax.vmap(lambda k, a: init_train_state(setup, args, k, a)))(
         jnp.stack([jax.random.PRNGKey(s) for s in seeds]), actors)
     num_params = count_params(eqx.combine(jax.tree.map(lambda x: x[0], state.params), setup.static))
-    paper = "1.7M" if not (args.entangled_psi or args.entangled_phi) else "not reported"
-    print(f"{method_name(args)} network: {num_params:,} parameters (paper: {paper}); replay "
+    print(f"{method_name(args)} network: {num_params:,} parameters; replay "
           f"{replay_bytes(args) / 2**30:.1f} GiB per seed", flush=True)
     if args.resume:
         state, _ = run.restore(state)
         state = state._replace(actors=actors)  # the host envs start new episodes (they are not in the checkpoint)
     run.write_config({"method": method_name(args), "num_params": num_params,
                       "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
-    evaluate = make_evaluate(setup, args)
-    train_in_chunks(run, args, state, seeds, per_iteration, sgd_steps_per_iteration(args),
-                    make_chunk=lambda n: make_train_chunk(setup, args, n),
-                    evaluate_rows=lambda params, step: eval_rows(evaluate, params, seeds, step, EVAL_TASKS,
-                                                                 len(TRAIN_TASKS), GPI_SETTINGS),
-                    loss_names=LOSS_NAMES, task_names=TRAIN_TASK_NAMES)
+    train_in_chunks(run, args, state, seeds, Training(
+        make_chunk=partial(make_train_chunk, setup, args), evaluate=make_evaluate(setup, args), eval_tasks=EVAL_TASKS,
+        num_train_tasks=len(TRAIN_TASKS), gpi_settings=GPI_SETTINGS, loss_names=LOSS_NAMES,
+        steps_per_iteration=per_iteration, sgd_steps_per_iteration=sgd_steps_per_iteration(args)))
 
 
 if __name__ == "__main__":

@@ -47,9 +47,9 @@ from common.envs import babyai, fruitbot, fruitbot_jax, minihack
 from common.envs.babyai import GotoAvoid, Observation, check_room
 from common.envs.host import play_first_episodes
 from common.gpi import gpi_values
-from common.networks import DQN_CHANNELS, MLP, LSTMCore, count_params, oar_vector
-from common.run import (CUMULANT_SUMS, RunArgs, RunDir, check_replay_args, check_replay_memory, check_run_args,
-                        cumulant_stats, eval_rows, exit_on_config_error, format_task, parse_args, require,
+from common.networks import DQN_CHANNELS, MLP, LSTMCore, count_params, prev_action_reward
+from common.run import (IterationMetrics, RunArgs, RunDir, SGDMetrics, Training, check_replay_args, check_replay_memory,
+                        check_run_args, cumulant_stats, exit_on_config_error, finished_episodes, parse_args, require,
                         require_non_negative, require_positive, shard_seeds, train_in_chunks, whole_iterations)
 
 
@@ -212,9 +212,6 @@ ENVS = {"babyai": babyai, "fruitbot": fruitbot, "minihack": minihack}
 TORSOS = {"babyai": "dqn", "fruitbot": "impala", "minihack": "impala"}
 LEVEL_ENVS = ("fruitbot", "minihack")  # games of levels, frames and whole-number tasks (BabyAI has none of them)
 GPI_SUPPORTS = ("train", "test")
-DISTRIBUTION_MODES = ("paper", "hard", "easy")
-ENV_BACKENDS = ("jax", "procgen")
-JAX_GAMES = {"paper": "paper", "hard": "stock-hard", "easy": "stock-easy"}  # --distribution-mode -> fruitbot_jax
 
 
 def env_module(args: Args):
@@ -255,15 +252,7 @@ def check_args(args: Args) -> None:
     require(args.env != "minihack" or args.learned_cumulants, "USFA with hand-designed cumulants has no phi on "
                                                               "MiniHack (its rooms define none): add --learned-cumulants")
     if args.env == "fruitbot":
-        require(args.distribution_mode in DISTRIBUTION_MODES, f"--distribution-mode must be one of "
-                f"{', '.join(DISTRIBUTION_MODES)}, got {args.distribution_mode!r}")
-        require(args.env_backend in ENV_BACKENDS,
-                f"--env-backend must be one of {', '.join(ENV_BACKENDS)}, got {args.env_backend!r}")
-        require(args.env_backend == "jax" or args.distribution_mode != "paper",
-                "--distribution-mode paper (the original's per-task games) runs only with --env-backend jax; procgen "
-                "plays stock hard or easy")
-        if args.env_backend == "procgen":
-            fruitbot.require_procgen("--env-backend procgen")
+        fruitbot.check_game(args.distribution_mode, args.env_backend)
         require_non_negative(args, "eval_levels")
         require_positive(args, "max_levels")
     require(args.env == "fruitbot" or not args.replay_frames, f"--replay-frames is a Fruitbot setting ({args.env} "
@@ -288,10 +277,6 @@ def method_name(args: Args) -> str:
     return "USFA (learned cumulants)" if args.learned_cumulants else "USFA"
 
 
-PAPER_PARAMS = {"babyai": "2.35M", "fruitbot": "1.98M", "minihack": "1.95M"}
-"""the paper's parameter count of USFA with learned cumulants per env"""
-
-
 def keeps_game_views(args: Args) -> bool:
     """Whether replay keeps Fruitbot's JAX game states (GameViews, drawn into frames by the learner), not frames."""
     return args.env == "fruitbot" and not on_host(args) and args.train_levels > 0 and not args.replay_frames
@@ -303,7 +288,7 @@ def replay_bytes(args: Args, frames: bool | None = None) -> int:
     where it keeps one, the step's other fields, and each sequence's recurrent state (h, c)."""
     frames = not keeps_game_views(args) if frames is None else frames
     fruitbot_obs = (int(np.prod(fruitbot.IMAGE_SHAPE)) if frames
-                    else fruitbot_jax.view_bytes(JAX_GAMES[args.distribution_mode]))
+                    else fruitbot_jax.view_bytes(fruitbot.JAX_GAMES[args.distribution_mode]))
     obs = {"fruitbot": fruitbot_obs, "minihack": 2 * minihack.CROP**2}.get(args.env, 75)
     obs *= 2 if keeps_final_view(args) else 1  # Step.final_obs
     per_step = obs + 4 * (2 * fruitbot.TASK_DIM + 4) + 2  # w, phi, prev action and reward, action, reward; 2 bools
@@ -408,23 +393,16 @@ def reset_where(first, state, initial):
 
 def core_step(core, rgb, prev_action, prev_reward, state):
     """One step of the recurrent core on one observation."""
-    return core.recur(core.torso(rgb), oar_vector(prev_action, prev_reward, core.num_actions), state)
+    return core.recur(core.torso(rgb), prev_action_reward(prev_action, prev_reward, core.num_actions), state)
 
 
 def unroll(core, render, seq: Sequence):
     """The torso's maps [T, ...] of a sequence's views (the torso runs outside the loop) and the recurrent states
     (h, c) [T, ...] along it."""
     maps = jax.vmap(lambda o: core.torso(render(o)))(seq.steps.obs)
-    vectors = jax.vmap(partial(oar_vector, num_actions=core.num_actions))(seq.steps.prev_action,
-                                                                          seq.steps.prev_reward)
+    vectors = jax.vmap(partial(prev_action_reward, num_actions=core.num_actions))(seq.steps.prev_action,
+                                                                                 seq.steps.prev_reward)
     return maps, core.unroll(maps, vectors, seq.steps.first, seq.state)
-
-
-def unroll_online_and_target(core, target_core, render, seq: Sequence):
-    """The online core's maps and states (h, c) [T, ...] and the target core's h [T, ...] (stop-gradient) along a
-    sequence."""
-    maps, states = unroll(core, render, seq)
-    return maps, states, jax.lax.stop_gradient(unroll(target_core, render, seq)[1][0])
 
 
 def keeps_final_view(args) -> bool:
@@ -446,7 +424,7 @@ def next_states(core, render, seq: Sequence, states, args, maps=None):
     h_next = states[0][1:]
     s = seq.steps
     if args.env == "fruitbot":
-        vectors = jax.vmap(partial(oar_vector, num_actions=core.num_actions))(s.action[:-1], s.reward[:-1])
+        vectors = jax.vmap(partial(prev_action_reward, num_actions=core.num_actions))(s.action[:-1], s.reward[:-1])
         carried, _ = jax.vmap(core.recur)(maps[1:], vectors, jax.tree.map(lambda x: x[:-1], states))
         return jnp.where(s.first[1:].reshape((-1,) + (1,) * (h_next.ndim - 1)), carried, h_next)
     if not keeps_final_view(args):
@@ -525,40 +503,42 @@ def importance_weights(probabilities, exponent: float):
     return weights / jnp.max(weights)
 
 
-def successor_features(net, target_net, render, seq: Sequence, args: Args):
+def successor_features(net, target_net, render, seq: Sequence):
     """Torso maps and states (h, c) [T, ...] along a sequence, and the online and (stop-gradient) target psi
     [T, A, C] of z = w."""
-    maps, states, h_target = unroll_online_and_target(net.core, target_net.core, render, seq)
+    maps, states = unroll(net.core, render, seq)
+    h_target = jax.lax.stop_gradient(unroll(target_net.core, render, seq)[1][0])
     return maps, states, jax.vmap(net.psi)(states[0], seq.steps.w), jax.vmap(target_net.psi)(h_target, seq.steps.w)
 
 
-def sf_td_error(psi, psi_target, cumulants, seq: Sequence, args: Args):
+def sf_td_error(psi, psi_target, q, cumulants, seq: Sequence, terminal, args: Args):
     """n-step double-Q SF TD errors [T-1, C], one TD problem per cumulant dimension with cumulants[t] the
-    pseudo-reward of transition t; the online psi . w picks the bootstrap action. Returns (errors, valid)."""
+    pseudo-reward of transition t; the online q = psi . w [T, A] picks the bootstrap action; terminal: as
+    n_step_targets' terminal_at_end. Returns (errors, valid)."""
     s = seq.steps
-    q = jnp.einsum("tac,tc->ta", psi, s.w)
     targets, valid = n_step_targets(cumulants, double_q_bootstrap(q, psi_target), ~s.first[1:], args.n_step,
-                                    args.gamma, terminal_transitions(seq, args))
+                                    args.gamma, terminal)
     return jax.lax.stop_gradient(targets) - psi[jnp.arange(q.shape[0] - 1), s.action[:-1]], valid
 
 
 def sequence_loss(net: USFANetwork, target_net: USFANetwork, render, seq: Sequence, args: Args):
     """Learned cumulants: MSFA's three losses of one sequence, and the TD errors that set its priority."""
     s = seq.steps
-    maps, states, psi, psi_target = successor_features(net, target_net, render, seq, args)  # psi [T, A, C]
+    maps, states, psi, psi_target = successor_features(net, target_net, render, seq)  # psi [T, A, C]
     q = jnp.einsum("tac,tc->ta", psi, s.w)
     q_target = jnp.einsum("tac,tc->ta", psi_target, s.w)
     phi = jax.vmap(net.phi)(next_states(net.core, render, seq, states, args, maps), states[0][:-1])  # [T-1, C]
     steps, taken = jnp.arange(q.shape[0] - 1), s.action[:-1]
+    terminal = terminal_transitions(seq, args)
 
     # n-step double Q-learning on Q = psi . w
     q_targets, valid = n_step_targets(s.reward[:-1], double_q_bootstrap(q, q_target), ~s.first[1:], args.n_step,
-                                      args.gamma, terminal_transitions(seq, args))
+                                      args.gamma, terminal)
     delta_q = jax.lax.stop_gradient(q_targets) - q[steps, taken]
     loss_q = masked_mean(0.5 * delta_q**2, valid)
 
     # n-step SF learning with the (stop-gradient) learned cumulants as pseudo-rewards
-    delta_psi, _ = sf_td_error(psi, psi_target, jax.lax.stop_gradient(phi), seq, args)  # [T-1, C]
+    delta_psi, _ = sf_td_error(psi, psi_target, q, jax.lax.stop_gradient(phi), seq, terminal, args)  # [T-1, C]
     loss_psi = masked_mean(jnp.mean(0.5 * delta_psi**2, axis=-1), valid)
 
     # cumulants regressed so that phi . w predicts the reward
@@ -574,17 +554,18 @@ def oracle_sequence_loss(net: USFANetwork, target_net: USFANetwork, render, seq:
     """Hand-designed cumulants: n-step double-Q SF learning with the env's cumulants, one TD problem per dimension;
     and the priority. The pseudo-reward of transition t is steps.phi[t], the cumulant of the same transition as
     steps.reward[t]."""
-    _, _, psi, psi_target = successor_features(net, target_net, render, seq, args)
-    delta_psi, valid = sf_td_error(psi, psi_target, seq.steps.phi[:-1], seq, args)  # [T-1, C]
-    steps, taken = jnp.arange(delta_psi.shape[0]), seq.steps.action[:-1]
+    _, _, psi, psi_target = successor_features(net, target_net, render, seq)
     q = jnp.einsum("tac,tc->ta", psi, seq.steps.w)
+    delta_psi, valid = sf_td_error(psi, psi_target, q, seq.steps.phi[:-1], seq, terminal_transitions(seq, args),
+                                   args)  # [T-1, C]
+    steps, taken = jnp.arange(delta_psi.shape[0]), seq.steps.action[:-1]
     return {"loss_psi": masked_mean(jnp.mean(0.5 * delta_psi**2, axis=-1), valid),
             "q_mean": masked_mean(q[steps, taken], valid),
             "priority": sequence_priority(jnp.mean(delta_psi, -1), valid, args.max_priority_weight)}
 
 
 def loss_names(args: Args) -> tuple[str, ...]:
-    """What an SGD step reports (metrics.csv columns)."""
+    """What an SGD step reports (metrics.csv columns): batch_loss's losses and the gradient's norm."""
     if args.learned_cumulants:
         return ("loss", "loss_q", "loss_psi", "loss_phi", "q_mean", "grad_norm")
     return ("loss", "loss_psi", "q_mean", "grad_norm")
@@ -597,17 +578,16 @@ def batch_loss(net: USFANetwork, target_net: USFANetwork, render, batch: Sequenc
     if not args.learned_cumulants:
         out = jax.vmap(lambda seq: oracle_sequence_loss(net, target_net, render, seq, args))(batch)
         loss = args.sf_coeff * jnp.mean(weights * out["loss_psi"])
-        metrics = {"loss": loss, "loss_psi": jnp.mean(out["loss_psi"]), "q_mean": jnp.mean(out["q_mean"])}
-        return loss, (out["priority"], metrics)
+        losses = {"loss": loss, "loss_psi": jnp.mean(out["loss_psi"]), "q_mean": jnp.mean(out["q_mean"])}
+        return loss, (out["priority"], losses, None)
     out = jax.vmap(lambda seq: sequence_loss(net, target_net, render, seq, args))(batch)
     loss_phi = jnp.sum(out["phi_error_sum"]) / (jnp.sum(out["phi_count"]) + 1e-5)
     loss = (args.sf_coeff * jnp.mean(weights * out["loss_psi"]) + args.q_coeff * jnp.mean(out["loss_q"])
             + args.phi_coeff * loss_phi)
-    metrics = {"loss": loss, "loss_q": jnp.mean(out["loss_q"]), "loss_psi": jnp.mean(out["loss_psi"]),
-               "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"])}
-    if measures_cumulants(args):
-        metrics["cumulant_stats"] = cumulant_stats(out["phi"], batch.steps.phi[:, :-1], out["valid"])
-    return loss, (out["priority"], metrics)
+    losses = {"loss": loss, "loss_q": jnp.mean(out["loss_q"]), "loss_psi": jnp.mean(out["loss_psi"]),
+              "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"])}
+    stats = cumulant_stats(out["phi"], batch.steps.phi[:, :-1], out["valid"]) if measures_cumulants(args) else None
+    return loss, (out["priority"], losses, stats)
 
 
 def measures_cumulants(args: Args) -> bool:
@@ -685,7 +665,7 @@ def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
         else:
             render = lambda image: image  # noqa: E731  (Fruitbot stores frames)
     elif args.env == "fruitbot":
-        env = fruitbot_jax.FruitbotJax(JAX_GAMES[args.distribution_mode], max_levels=args.max_levels)
+        env = fruitbot_jax.FruitbotJax(fruitbot.JAX_GAMES[args.distribution_mode], max_levels=args.max_levels)
         env_params = env.make_params(fruitbot.TRAIN_TASKS, num_levels=args.train_levels, seed=0)
         render = lambda image: image  # noqa: E731  (Fruitbot stores frames)
     else:
@@ -732,7 +712,7 @@ def init_train_state(setup: Setup, args: Args, key, actors: Actor | None = None)
     if actors is None:
         actors = fresh_actors(setup, args, k_env, k_eps)
     example = jax.tree.map(lambda x: x[0], make_sequences(
-        jax.tree.map(lambda x: jnp.zeros((args.sequence_period,) + x.shape, x.dtype), current_step(actors, args)),
+        jax.tree.map(lambda x: jnp.zeros((args.sequence_period,) + x.shape, x.dtype), step_before_acting(actors, args)),
         actors, actors.rnn, args))
     state = TrainState(params=params, target_params=target_params, opt_state=setup.optimizer.init(params),
                        buffer=setup.buffer.init(example), actors=actors, key=k_run,
@@ -741,8 +721,9 @@ def init_train_state(setup: Setup, args: Args, key, actors: Actor | None = None)
     return jax.tree.map(lambda x: jnp.asarray(x, x.dtype), state)
 
 
-def current_step(actors: Actor, args: Args) -> Step:
-    """The step every env is at now, before it acts (action and reward are placeholders)."""
+def step_before_acting(actors: Actor, args: Args) -> Step:
+    """The step every env is at now, before it acts: its observation and what led to it; action, reward, phi,
+    final_obs and terminal are placeholders that acting fills in."""
     return Step(obs=actors.obs.image if actors.kept is None else actors.kept, w=actors.obs.w,
                 prev_action=actors.prev_action, prev_reward=actors.prev_reward, first=actors.first,
                 action=actors.prev_action, reward=actors.prev_reward,
@@ -753,7 +734,7 @@ def current_step(actors: Actor, args: Args) -> Step:
 
 def make_sequences(steps: Step, actors: Actor, start_rnn, args: Args) -> Sequence:
     """One sequence per env: the period's steps [P, E] plus the step the envs are at now (action/reward 0)."""
-    last = current_step(actors, args)._replace(action=jnp.zeros_like(actors.prev_action),
+    last = step_before_acting(actors, args)._replace(action=jnp.zeros_like(actors.prev_action),
                                                reward=jnp.zeros_like(actors.prev_reward))
     steps = jax.tree.map(lambda xs, x: jnp.concatenate([xs, x[None]]), steps, last)
     return Sequence(steps=jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), state=start_rnn)
@@ -804,7 +785,7 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
             jax.random.split(k_env, e), actors.env_state, action, setup.env_params)
         phi, final_image = info["phi"], info["final_image"]
     done = terminated | truncated
-    step = current_step(actors, args)._replace(action=action, reward=reward, phi=phi, terminal=terminated)
+    step = step_before_acting(actors, args)._replace(action=action, reward=reward, phi=phi, terminal=terminated)
     if keeps_final_view(args):
         step = step._replace(final_obs=final_image)
     episode_return = actors.episode_return + reward
@@ -831,14 +812,14 @@ def sgd_step(setup: Setup, args: Args, state: TrainState, key):
         return batch_loss(eqx.combine(params, setup.static), target_net, setup.render, batch, sample.probabilities,
                           args)
 
-    grads, (priorities, metrics) = jax.grad(loss_fn, has_aux=True)(state.params)
+    grads, (priorities, losses, stats) = jax.grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = setup.optimizer.update(grads, state.opt_state, state.params)
     params = eqx.apply_updates(state.params, updates)
     buffer = setup.buffer.set_priorities(state.buffer, sample.indices, priorities)
     sgd_steps = state.sgd_steps + 1
     copy = sgd_steps % args.target_update_period == 0
     target_params = jax.tree.map(lambda p, t: jnp.where(copy, p, t), params, state.target_params)
-    metrics["grad_norm"] = optax.tree.norm(grads)
+    metrics = SGDMetrics(losses | {"grad_norm": optax.tree.norm(grads)}, stats)
     return state._replace(params=params, target_params=target_params, opt_state=opt_state, buffer=buffer,
                           sgd_steps=sgd_steps), metrics
 
@@ -856,22 +837,14 @@ def train_iteration(setup: Setup, args: Args, state: TrainState, _):
     def learn(state):
         state, metrics = jax.lax.scan(partial(sgd_step, setup, args), state,
                                       jax.random.split(k_learn, sgd_steps_per_iteration(args)))
-        return state, jax.tree.map(lambda x: jnp.mean(x, 0), metrics) | {"learning": jnp.ones(())}
+        return state, (jax.tree.map(lambda x: jnp.mean(x, 0), metrics), jnp.ones(()))
 
-    def wait(state):
-        zeros = {k: jnp.zeros(()) for k in loss_names(args)} | {"learning": jnp.zeros(())}
-        if measures_cumulants(args):
-            zeros["cumulant_stats"] = jnp.zeros((len(CUMULANT_SUMS), env_module(args).TRAIN_TASKS.shape[1]))
-        return state, zeros
+    def wait(state):  # replay cannot be sampled yet: no SGD step, learn's metrics as zeros
+        return state, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(learn, state)[1])
 
-    state, metrics = jax.lax.cond(setup.buffer.can_sample(state.buffer), learn, wait, state)
-    done = finished["done"]
-    one_hot = jax.nn.one_hot(finished["task"], env_module(args).TRAIN_TASKS.shape[0]) * done[..., None]
-    metrics["return_sum"] = jnp.sum(one_hot * finished["return"][..., None], axis=(0, 1))
-    metrics["return_count"] = jnp.sum(one_hot, axis=(0, 1))
-    metrics["length_sum"] = jnp.sum(done * finished["length"])
-    metrics["epsilon"] = jnp.mean(actors.epsilon)
-    return state, metrics
+    state, (sgd, learning) = jax.lax.cond(setup.buffer.can_sample(state.buffer), learn, wait, state)
+    return state, IterationMetrics(sgd, learning, **finished_episodes(finished, env_module(args).TRAIN_TASKS.shape[0]),
+                                   epsilon=jnp.mean(actors.epsilon))
 
 
 def make_train_chunk(setup: Setup, args: Args, iterations: int):
@@ -886,8 +859,6 @@ def make_train_chunk(setup: Setup, args: Args, iterations: int):
 # =====================================================================================================================
 GPI_SETTINGS = (0, 1)
 """eval.csv's gpi column: 0 acts on psi(s, a, w) . w, 1 on max_z psi(s, a, z) . w over the train tasks"""
-EVAL_TASKS = np.concatenate([babyai.TRAIN_TASKS, babyai.TEST_TASKS])
-TRAIN_TASK_NAMES = [format_task(w) for w in babyai.TRAIN_TASKS]
 
 
 def eval_tasks(args: Args) -> np.ndarray:
@@ -952,35 +923,23 @@ def make_jax_evaluate(setup: Setup, args: Args, tasks: np.ndarray, policies, gpi
     played greedily in one jitted loop until each has finished one lifetime."""
     env, e = setup.env, args.eval_episodes
     eval_params = env.make_params(tasks, num_levels=args.eval_levels, seed=1)  # key 1: not the training levels
-    n = len(tasks) * e
     task_of_env = jnp.repeat(jnp.arange(len(tasks)), e)
-    max_steps = args.max_levels * fruitbot_jax.TIMEOUT
 
     @partial(jax.jit, static_argnames="use_gpi")
     def play(params, key, use_gpi: bool):
         net = eqx.combine(params, setup.static)
-        k_reset, key = jax.random.split(key)
-        obs, env_state = jax.vmap(env.reset_to, (0, 0, None))(jax.random.split(k_reset, n), task_of_env, eval_params)
-        rnn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), net.core.initial_state())
 
-        def body(carry):
-            t, key, obs, env_state, rnn, prev_action, prev_reward, returns, running = carry
-            key, k_step = jax.random.split(key)
-            rnn = jax.vmap(partial(core_step, net.core))(obs.image, prev_action, prev_reward, rnn)
+        def act(image, w, prev_action, prev_reward, rnn):
+            rnn = jax.vmap(partial(core_step, net.core))(image, prev_action, prev_reward, rnn)
             if use_gpi:
-                q = jax.vmap(lambda h, w: gpi_q_values(net, h, w, policies))(rnn[0], obs.w)
+                q = jax.vmap(lambda h, w: gpi_q_values(net, h, w, policies))(rnn[0], w)
             else:
-                q = jax.vmap(partial(q_values, net))(rnn[0], obs.w)
-            action = jnp.argmax(q, -1)
-            obs, env_state, reward, terminated, truncated, _ = jax.vmap(env.step, (0, 0, 0, None))(
-                jax.random.split(k_step, n), env_state, action, eval_params)
-            returns = returns + jnp.where(running, reward, 0.0)
-            running = running & ~(terminated | truncated)
-            return t + 1, key, obs, env_state, rnn, action, reward, returns, running
+                q = jax.vmap(partial(q_values, net))(rnn[0], w)
+            return jnp.argmax(q, -1), rnn
 
-        carry = (0, key, obs, env_state, rnn, jnp.zeros(n, jnp.int32), jnp.zeros(n), jnp.zeros(n), jnp.ones(n, bool))
-        carry = jax.lax.while_loop(lambda c: c[-1].any() & (c[0] < max_steps), body, carry)
-        return carry[-2].reshape(len(tasks), e)
+        returns = fruitbot_jax.play_first_lifetimes(env, eval_params, task_of_env, act, net.core.initial_state(), key,
+                                                    args.max_levels * fruitbot_jax.TIMEOUT)
+        return returns.reshape(len(tasks), e)
 
     def evaluate(params, key):
         return np.stack([np.asarray(play(params, key, use_gpi=g == 1)) for g in gpi_settings])
@@ -1024,7 +983,7 @@ def main(args: Args) -> None:
     if args.env in LEVEL_ENVS:
         check_replay_memory(args, replay_bytes(args))
     per_iteration = steps_per_iteration(args)
-    total_steps = whole_iterations(args, per_iteration)[0] * per_iteration  # at least --total-timesteps
+    total_steps = whole_iterations(args.total_timesteps, per_iteration) * per_iteration
     run = RunDir(args, args.env, method_name(args), total_steps)  # refuses a used, missing or unwritable directory
     seeds = [args.seed + i for i in range(args.num_seeds)]
     setup = make_setup(args, seeds)
@@ -1041,10 +1000,8 @@ def main(args: Args) -> None:
     else:
         state = jax.vmap(lambda k: init_train_state(setup, args, k))(keys)
     num_params = count_params(eqx.combine(jax.tree.map(lambda x: x[0], state.params), setup.static))
-    paper = PAPER_PARAMS[args.env] if args.learned_cumulants else (
-        f"not reported; its table's {PAPER_PARAMS[args.env]} is USFA with learned cumulants")
     states = f" of game states (frames: {replay_bytes(args, frames=True) / 2**30:.2f} GiB)"
-    print(f"{method_name(args)} network: {num_params:,} parameters (paper: {paper}); replay "
+    print(f"{method_name(args)} network: {num_params:,} parameters; replay "
           f"{replay_bytes(args) / 2**30:.2f} GiB per seed{states if keeps_game_views(args) else ''}", flush=True)
     if args.resume:
         state, _ = run.restore(state)
@@ -1054,13 +1011,13 @@ def main(args: Args) -> None:
         state = shard_seeds(state, args.num_seeds)  # seeds in parallel over the local devices, if there are several
     run.write_config({"method": method_name(args), "num_params": num_params,
                       "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
-    evaluate = make_evaluate(setup, args)
-    train_in_chunks(run, args, state, seeds, per_iteration, sgd_steps_per_iteration(args),
-                    make_chunk=lambda n: make_train_chunk(setup, args, n),
-                    evaluate_rows=lambda params, step: eval_rows(evaluate, params, seeds, step, eval_tasks(args),
-                                                                 len(env_module(args).TRAIN_TASKS), GPI_SETTINGS),
-                    loss_names=loss_names(args), task_names=[format_task(w) for w in env_module(args).TRAIN_TASKS],
-                    num_cumulants=env_module(args).TRAIN_TASKS.shape[1] * measures_cumulants(args))
+    train_tasks = env_module(args).TRAIN_TASKS
+    train_in_chunks(run, args, state, seeds, Training(
+        make_chunk=partial(make_train_chunk, setup, args), evaluate=make_evaluate(setup, args),
+        eval_tasks=eval_tasks(args), num_train_tasks=len(train_tasks), gpi_settings=GPI_SETTINGS,
+        loss_names=loss_names(args), steps_per_iteration=per_iteration,
+        sgd_steps_per_iteration=sgd_steps_per_iteration(args),
+        num_cumulants=train_tasks.shape[1] * measures_cumulants(args)))
 
 
 if __name__ == "__main__":

@@ -47,10 +47,10 @@ from common.envs import babyai, fruitbot, fruitbot_jax, minihack
 from common.envs.babyai import GotoAvoid, Observation, check_room
 from common.envs.host import play_first_episodes
 from common.farm import FarmCore, apply_per_module
-from common.networks import DQN_CHANNELS, MLP, LSTMCore, count_params, oar_vector
-from common.run import (RunArgs, RunDir, check_replay_args, check_replay_memory, check_run_args, eval_rows,
-                        exit_on_config_error, format_task, parse_args, require, require_non_negative, require_positive,
-                        shard_seeds, train_in_chunks, whole_iterations)
+from common.networks import DQN_CHANNELS, MLP, LSTMCore, count_params, prev_action_reward
+from common.run import (IterationMetrics, RunArgs, RunDir, SGDMetrics, Training, check_replay_args, check_replay_memory,
+                        check_run_args, exit_on_config_error, finished_episodes, parse_args, require,
+                        require_non_negative, require_positive, shard_seeds, train_in_chunks, whole_iterations)
 
 
 # =====================================================================================================================
@@ -215,9 +215,6 @@ ENVS = {"babyai": babyai, "fruitbot": fruitbot, "minihack": minihack}
 TORSOS = {"babyai": "dqn", "fruitbot": "impala", "minihack": "impala"}
 LEVEL_ENVS = ("fruitbot", "minihack")  # games of levels, frames and whole-number tasks (BabyAI has none of them)
 VALUE_TRANSFORMS = ("identity", "signed_hyperbolic")
-DISTRIBUTION_MODES = ("paper", "hard", "easy")
-ENV_BACKENDS = ("jax", "procgen")
-JAX_GAMES = {"paper": "paper", "hard": "stock-hard", "easy": "stock-easy"}  # --distribution-mode -> fruitbot_jax
 
 
 def env_module(args: Args):
@@ -256,15 +253,7 @@ def check_args(args: Args) -> None:
                                               f"numbers)")
         require_non_negative(args, "train_levels")
     if args.env == "fruitbot":
-        require(args.distribution_mode in DISTRIBUTION_MODES, f"--distribution-mode must be one of "
-                f"{', '.join(DISTRIBUTION_MODES)}, got {args.distribution_mode!r}")
-        require(args.env_backend in ENV_BACKENDS,
-                f"--env-backend must be one of {', '.join(ENV_BACKENDS)}, got {args.env_backend!r}")
-        require(args.env_backend == "jax" or args.distribution_mode != "paper",
-                "--distribution-mode paper (the original's per-task games) runs only with --env-backend jax; procgen "
-                "plays stock hard or easy")
-        if args.env_backend == "procgen":
-            fruitbot.require_procgen("--env-backend procgen")
+        fruitbot.check_game(args.distribution_mode, args.env_backend)
         require_non_negative(args, "eval_levels")
         require_positive(args, "max_levels")
     require(args.env == "fruitbot" or not args.replay_frames, f"--replay-frames is a Fruitbot setting ({args.env} "
@@ -284,9 +273,6 @@ def check_args(args: Args) -> None:
     check_replay_args(args)
 
 
-PAPER_PARAMS = {"babyai": {"UVFA": "2.09M", "UVFA-FARM": "2.17M", "MVFA": "not reported; UVFA-FARM: 2.17M"},
-                "fruitbot": {"UVFA": "1.96M", "UVFA-FARM": "2.15M", "MVFA": "not reported; UVFA-FARM: 2.15M"},
-                "minihack": {"UVFA": "1.95M", "UVFA-FARM": "2.06M", "MVFA": "not reported; UVFA-FARM: 2.06M"}}
 
 
 def keeps_game_views(args: Args) -> bool:
@@ -300,7 +286,7 @@ def replay_bytes(args: Args, frames: bool | None = None) -> int:
     fields, and each sequence's recurrent state (h, c)."""
     frames = not keeps_game_views(args) if frames is None else frames
     fruitbot_obs = (int(np.prod(fruitbot.IMAGE_SHAPE)) if frames
-                    else fruitbot_jax.view_bytes(JAX_GAMES[args.distribution_mode]))
+                    else fruitbot_jax.view_bytes(fruitbot.JAX_GAMES[args.distribution_mode]))
     obs = {"fruitbot": fruitbot_obs, "minihack": 2 * minihack.CROP**2}.get(args.env, 75)
     per_step = obs + 4 * (fruitbot.TASK_DIM + 4) + 2  # w, prev_action, prev_reward, action, reward; first, terminal
     state = args.num_modules * args.module_size if args.farm or args.modular else args.lstm_size
@@ -428,23 +414,16 @@ def reset_where(first, state, initial):
 
 def core_step(core, rgb, prev_action, prev_reward, state):
     """One step of the recurrent core on one observation."""
-    return core.recur(core.torso(rgb), oar_vector(prev_action, prev_reward, core.num_actions), state)
+    return core.recur(core.torso(rgb), prev_action_reward(prev_action, prev_reward, core.num_actions), state)
 
 
 def unroll(core, render, seq: Sequence):
-    """The torso's maps [T, ...] of a sequence's views (the torso runs outside the loop) and the recurrent states
-    (h, c) [T, ...] along it."""
+    """The recurrent states (h, c) [T, ...] along a sequence (the torso reads all its views at once, outside the
+    recurrence)."""
     maps = jax.vmap(lambda o: core.torso(render(o)))(seq.steps.obs)
-    vectors = jax.vmap(partial(oar_vector, num_actions=core.num_actions))(seq.steps.prev_action,
-                                                                          seq.steps.prev_reward)
-    return maps, core.unroll(maps, vectors, seq.steps.first, seq.state)
-
-
-def unroll_online_and_target(core, target_core, render, seq: Sequence):
-    """The online core's maps and states (h, c) [T, ...] and the target core's h [T, ...] (stop-gradient) along a
-    sequence."""
-    maps, states = unroll(core, render, seq)
-    return maps, states, jax.lax.stop_gradient(unroll(target_core, render, seq)[1][0])
+    vectors = jax.vmap(partial(prev_action_reward, num_actions=core.num_actions))(seq.steps.prev_action,
+                                                                                 seq.steps.prev_reward)
+    return core.unroll(maps, vectors, seq.steps.first, seq.state)
 
 
 # =====================================================================================================================
@@ -537,7 +516,8 @@ def importance_weights(probabilities, exponent: float):
 def sequence_loss(net: UVFANetwork, target_net: UVFANetwork, render, seq: Sequence, args: Args):
     """0.5 delta^2 of n-step double Q-learning, masked-averaged over the sequence; and the priority."""
     s = seq.steps
-    _, (h, _), h_target = unroll_online_and_target(net.core, target_net.core, render, seq)
+    h, _ = unroll(net.core, render, seq)
+    h_target = jax.lax.stop_gradient(unroll(target_net.core, render, seq)[0])
     q = jax.vmap(net.q)(h, s.w)  # [T, A]
     q_target = jax.vmap(target_net.q)(h_target, s.w)
     steps, taken = jnp.arange(q.shape[0] - 1), s.action[:-1]
@@ -551,7 +531,7 @@ def sequence_loss(net: UVFANetwork, target_net: UVFANetwork, render, seq: Sequen
 
 
 LOSS_NAMES = ("loss", "q_mean", "grad_norm")
-"""what an SGD step reports (metrics.csv columns)"""
+"""what an SGD step reports (metrics.csv columns): batch_loss's losses and the gradient's norm"""
 
 
 def batch_loss(net: UVFANetwork, target_net: UVFANetwork, render, batch: Sequence, probabilities, args: Args):
@@ -630,7 +610,7 @@ def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
         else:
             render = lambda image: image  # noqa: E731  (Fruitbot stores frames)
     elif args.env == "fruitbot":
-        env = fruitbot_jax.FruitbotJax(JAX_GAMES[args.distribution_mode], max_levels=args.max_levels)
+        env = fruitbot_jax.FruitbotJax(fruitbot.JAX_GAMES[args.distribution_mode], max_levels=args.max_levels)
         env_params = env.make_params(fruitbot.TRAIN_TASKS, num_levels=args.train_levels, seed=0)
         render = lambda image: image  # noqa: E731  (Fruitbot stores frames)
     else:
@@ -678,7 +658,7 @@ def init_train_state(setup: Setup, args: Args, key, actors: Actor | None = None)
     if actors is None:
         actors = fresh_actors(setup, args, k_env, k_eps)
     example = jax.tree.map(lambda x: x[0], make_sequences(
-        jax.tree.map(lambda x: jnp.zeros((args.sequence_period,) + x.shape, x.dtype), current_step(actors)),
+        jax.tree.map(lambda x: jnp.zeros((args.sequence_period,) + x.shape, x.dtype), step_before_acting(actors)),
         actors, actors.rnn))
     state = TrainState(params=params, target_params=target_params, opt_state=setup.optimizer.init(params),
                        buffer=setup.buffer.init(example), actors=actors, key=k_run,
@@ -687,8 +667,9 @@ def init_train_state(setup: Setup, args: Args, key, actors: Actor | None = None)
     return jax.tree.map(lambda x: jnp.asarray(x, x.dtype), state)
 
 
-def current_step(actors: Actor) -> Step:
-    """The step every env is at now, before it acts (action and reward are placeholders)."""
+def step_before_acting(actors: Actor) -> Step:
+    """The step every env is at now, before it acts: its observation and what led to it; action, reward and
+    terminal are placeholders that acting fills in."""
     return Step(obs=actors.obs.image if actors.kept is None else actors.kept, w=actors.obs.w,
                 prev_action=actors.prev_action, prev_reward=actors.prev_reward, first=actors.first,
                 action=actors.prev_action, reward=actors.prev_reward,
@@ -697,7 +678,7 @@ def current_step(actors: Actor) -> Step:
 
 def make_sequences(steps: Step, actors: Actor, start_rnn) -> Sequence:
     """One sequence per env: the period's steps [P, E] plus the step the envs are at now (action/reward 0)."""
-    last = current_step(actors)._replace(action=jnp.zeros_like(actors.prev_action),
+    last = step_before_acting(actors)._replace(action=jnp.zeros_like(actors.prev_action),
                                          reward=jnp.zeros_like(actors.prev_reward))
     steps = jax.tree.map(lambda xs, x: jnp.concatenate([xs, x[None]]), steps, last)
     return Sequence(steps=jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), state=start_rnn)
@@ -737,7 +718,7 @@ def act_step(setup: Setup, args: Args, params, actors: Actor, key):
         obs, env_state, reward, terminated, truncated, _ = jax.vmap(setup.env.step, (0, 0, 0, None))(
             jax.random.split(k_env, e), actors.env_state, action, setup.env_params)
     done = terminated | truncated
-    step = current_step(actors)._replace(action=action, reward=reward, terminal=terminated)
+    step = step_before_acting(actors)._replace(action=action, reward=reward, terminal=terminated)
     episode_return = actors.episode_return + reward
     episode_length = actors.episode_length + 1
     finished = {"done": done, "return": episode_return, "task": jnp.argmax(actors.obs.w, -1),
@@ -762,14 +743,14 @@ def sgd_step(setup: Setup, args: Args, state: TrainState, key):
         return batch_loss(eqx.combine(params, setup.static), target_net, setup.render, batch, sample.probabilities,
                           args)
 
-    grads, (priorities, metrics) = jax.grad(loss_fn, has_aux=True)(state.params)
+    grads, (priorities, losses) = jax.grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = setup.optimizer.update(grads, state.opt_state, state.params)
     params = eqx.apply_updates(state.params, updates)
     buffer = setup.buffer.set_priorities(state.buffer, sample.indices, priorities)
     sgd_steps = state.sgd_steps + 1
     copy = sgd_steps % args.target_update_period == 0
     target_params = jax.tree.map(lambda p, t: jnp.where(copy, p, t), params, state.target_params)
-    metrics["grad_norm"] = optax.tree.norm(grads)
+    metrics = SGDMetrics(losses | {"grad_norm": optax.tree.norm(grads)})
     return state._replace(params=params, target_params=target_params, opt_state=opt_state, buffer=buffer,
                           sgd_steps=sgd_steps), metrics
 
@@ -787,19 +768,14 @@ def train_iteration(setup: Setup, args: Args, state: TrainState, _):
     def learn(state):
         state, metrics = jax.lax.scan(partial(sgd_step, setup, args), state,
                                       jax.random.split(k_learn, sgd_steps_per_iteration(args)))
-        return state, jax.tree.map(jnp.mean, metrics) | {"learning": jnp.ones(())}
+        return state, (jax.tree.map(lambda x: jnp.mean(x, 0), metrics), jnp.ones(()))
 
-    def wait(state):
-        return state, {k: jnp.zeros(()) for k in LOSS_NAMES} | {"learning": jnp.zeros(())}
+    def wait(state):  # replay cannot be sampled yet: no SGD step, learn's metrics as zeros
+        return state, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(learn, state)[1])
 
-    state, metrics = jax.lax.cond(setup.buffer.can_sample(state.buffer), learn, wait, state)
-    done = finished["done"]
-    one_hot = jax.nn.one_hot(finished["task"], env_module(args).TRAIN_TASKS.shape[0]) * done[..., None]
-    metrics["return_sum"] = jnp.sum(one_hot * finished["return"][..., None], axis=(0, 1))
-    metrics["return_count"] = jnp.sum(one_hot, axis=(0, 1))
-    metrics["length_sum"] = jnp.sum(done * finished["length"])
-    metrics["epsilon"] = jnp.mean(actors.epsilon)
-    return state, metrics
+    state, (sgd, learning) = jax.lax.cond(setup.buffer.can_sample(state.buffer), learn, wait, state)
+    return state, IterationMetrics(sgd, learning, **finished_episodes(finished, env_module(args).TRAIN_TASKS.shape[0]),
+                                   epsilon=jnp.mean(actors.epsilon))
 
 
 def make_train_chunk(setup: Setup, args: Args, iterations: int):
@@ -814,8 +790,6 @@ def make_train_chunk(setup: Setup, args: Args, iterations: int):
 # =====================================================================================================================
 GPI_SETTINGS = (0,)
 """eval.csv's gpi column: 0, acting on Q(s, a, w_test)"""
-EVAL_TASKS = np.concatenate([babyai.TRAIN_TASKS, babyai.TEST_TASKS])
-TRAIN_TASK_NAMES = [format_task(w) for w in babyai.TRAIN_TASKS]
 
 
 def eval_tasks(args: Args) -> np.ndarray:
@@ -871,31 +845,19 @@ def make_jax_evaluate(setup: Setup, args: Args, tasks: np.ndarray):
     played greedily in one jitted loop until each has finished one lifetime."""
     env, e = setup.env, args.eval_episodes
     eval_params = env.make_params(tasks, num_levels=args.eval_levels, seed=1)  # key 1: not the training levels
-    n = len(tasks) * e
     task_of_env = jnp.repeat(jnp.arange(len(tasks)), e)
-    max_steps = args.max_levels * fruitbot_jax.TIMEOUT
 
     @jax.jit
     def play(params, key):
         net = eqx.combine(params, setup.static)
-        k_reset, key = jax.random.split(key)
-        obs, env_state = jax.vmap(env.reset_to, (0, 0, None))(jax.random.split(k_reset, n), task_of_env, eval_params)
-        rnn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), net.core.initial_state())
 
-        def body(carry):
-            t, key, obs, env_state, rnn, prev_action, prev_reward, returns, running = carry
-            key, k_step = jax.random.split(key)
-            rnn = jax.vmap(partial(core_step, net.core))(obs.image, prev_action, prev_reward, rnn)
-            action = jnp.argmax(jax.vmap(partial(q_values, net))(rnn[0], obs.w), -1)
-            obs, env_state, reward, terminated, truncated, _ = jax.vmap(env.step, (0, 0, 0, None))(
-                jax.random.split(k_step, n), env_state, action, eval_params)
-            returns = returns + jnp.where(running, reward, 0.0)
-            running = running & ~(terminated | truncated)
-            return t + 1, key, obs, env_state, rnn, action, reward, returns, running
+        def act(image, w, prev_action, prev_reward, rnn):
+            rnn = jax.vmap(partial(core_step, net.core))(image, prev_action, prev_reward, rnn)
+            return jnp.argmax(jax.vmap(partial(q_values, net))(rnn[0], w), -1), rnn
 
-        carry = (0, key, obs, env_state, rnn, jnp.zeros(n, jnp.int32), jnp.zeros(n), jnp.zeros(n), jnp.ones(n, bool))
-        carry = jax.lax.while_loop(lambda c: c[-1].any() & (c[0] < max_steps), body, carry)
-        return carry[-2].reshape(len(tasks), e)
+        returns = fruitbot_jax.play_first_lifetimes(env, eval_params, task_of_env, act, net.core.initial_state(), key,
+                                                    args.max_levels * fruitbot_jax.TIMEOUT)
+        return returns.reshape(len(tasks), e)
 
     def evaluate(params, key):
         return np.asarray(play(params, key))[None]  # [GPI settings (0 only), tasks, episodes]
@@ -933,7 +895,7 @@ def main(args: Args) -> None:
     if args.env in LEVEL_ENVS:
         check_replay_memory(args, replay_bytes(args))
     per_iteration = steps_per_iteration(args)
-    total_steps = whole_iterations(args, per_iteration)[0] * per_iteration  # at least --total-timesteps
+    total_steps = whole_iterations(args.total_timesteps, per_iteration) * per_iteration
     run = RunDir(args, args.env, method_name(args), total_steps)  # refuses a used, missing or unwritable directory
     seeds = [args.seed + i for i in range(args.num_seeds)]
     setup = make_setup(args, seeds)
@@ -950,9 +912,8 @@ def main(args: Args) -> None:
     else:
         state = jax.vmap(lambda k: init_train_state(setup, args, k))(keys)
     num_params = count_params(eqx.combine(jax.tree.map(lambda x: x[0], state.params), setup.static))
-    paper = PAPER_PARAMS[args.env][method_name(args)]
     states = f" of game states (frames: {replay_bytes(args, frames=True) / 2**30:.2f} GiB)"
-    print(f"{method_name(args)} network: {num_params:,} parameters (paper: {paper}); replay "
+    print(f"{method_name(args)} network: {num_params:,} parameters; replay "
           f"{replay_bytes(args) / 2**30:.2f} GiB per seed{states if keeps_game_views(args) else ''}", flush=True)
     if args.resume:
         state, _ = run.restore(state)
@@ -962,12 +923,11 @@ def main(args: Args) -> None:
         state = shard_seeds(state, args.num_seeds)  # seeds in parallel over the local devices, if there are several
     run.write_config({"method": method_name(args), "num_params": num_params,
                       "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
-    evaluate = make_evaluate(setup, args)
-    train_in_chunks(run, args, state, seeds, per_iteration, sgd_steps_per_iteration(args),
-                    make_chunk=lambda n: make_train_chunk(setup, args, n),
-                    evaluate_rows=lambda params, step: eval_rows(evaluate, params, seeds, step, eval_tasks(args),
-                                                                 len(env_module(args).TRAIN_TASKS), GPI_SETTINGS),
-                    loss_names=LOSS_NAMES, task_names=[format_task(w) for w in env_module(args).TRAIN_TASKS])
+    train_in_chunks(run, args, state, seeds, Training(
+        make_chunk=partial(make_train_chunk, setup, args), evaluate=make_evaluate(setup, args),
+        eval_tasks=eval_tasks(args), num_train_tasks=len(env_module(args).TRAIN_TASKS), gpi_settings=GPI_SETTINGS,
+        loss_names=LOSS_NAMES, steps_per_iteration=per_iteration,
+        sgd_steps_per_iteration=sgd_steps_per_iteration(args)))
 
 
 if __name__ == "__main__":

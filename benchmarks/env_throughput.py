@@ -29,6 +29,7 @@ import numpy as np
 import tyro
 
 from common.envs.babyai import NUM_ACTIONS, GotoAvoid
+from common.envs.fruitbot import JAX_GAMES
 from common.envs.minigrid_twin import GotoAvoidMiniGrid
 from common.run import exit_on_config_error, require
 
@@ -157,7 +158,7 @@ def training_share(num_envs: int, repeats: int) -> tuple[float, float]:
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - start)
     env_alone = num_envs * args.sequence_period / jax_steps_per_second(
-        f"fruitbot-{script.JAX_GAMES[args.distribution_mode]}", num_envs, args.sequence_period, repeats, 0)
+        f"fruitbot-{JAX_GAMES[args.distribution_mode]}", num_envs, args.sequence_period, repeats, 0)
     return float(np.median(times)), env_alone
 
 

@@ -180,8 +180,8 @@ def random_batch(script, args, env: str, key, batch: int | None = None, setup=No
         terminal=jnp.concatenate([first[:, 1:] & (jax.random.uniform(k[10], (b, t - 1)) < 0.5),
                                   jnp.zeros((b, 1), bool)], axis=1),
     )
-    if env == "fruitbot-states" or not (env == "minihack" or getattr(script, "keeps_final_view",
-                                                                       lambda a: False)(args)):
+    keeps_final_view = getattr(script, "keeps_final_view", lambda a: getattr(a, "time_limit_is_termination", False))
+    if env == "fruitbot-states" or not (env == "minihack" or keeps_final_view(args)):
         fields["final_obs"] = jnp.zeros((b, t, 0), jnp.uint8)
     steps = script.Step(**{name: fields[name] for name in script.Step._fields})
     state = jax.tree.map(lambda x: 0.5 * jax.random.normal(k[11], (b,) + x.shape), net.core.initial_state())
@@ -338,7 +338,7 @@ def run_train_row(row: Row, bench: Args) -> dict:
     paper = script.Args()
     return {"compile_s": round(compile_s, 1), "env_sps_per_seed": round(sps), "sps_min": round(min(rates)),
             "sps_max": round(max(rates)), "chunks": len(rates),
-            "learning": bool(np.asarray(metrics["learning"]).all()),
+            "learning": bool(np.asarray(metrics.learning).all()),
             "protocol_minutes": round((paper.total_timesteps / sps + compile_s) / 60, 1)}
 
 

@@ -46,8 +46,6 @@ class Conv2d(eqx.Module):
     bias: jax.Array
     kernel: int = eqx.field(static=True)
     stride: int = eqx.field(static=True)
-    space_to_depth = True  # class-wide switch: benchmarks/learner.py times the plain patch path against it
-    native = False  # class-wide switch: XLA's own convolution instead (benchmarks/sgd_variants.py times it on a GPU)
 
     def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int, key):
         fan_in = in_ch * kernel * kernel
@@ -58,15 +56,11 @@ class Conv2d(eqx.Module):
     def __call__(self, x):
         k, s = self.kernel, self.stride
         h, w, channels = x.shape
-        if self.native:  # the same SAME-padded convolution, as one XLA op (its padding splits as below)
-            kernel = self.weight.reshape(k, k, channels, -1)
-            return jax.lax.conv_general_dilated(x[None], kernel, (s, s), "SAME",
-                                                dimension_numbers=("NHWC", "HWIO", "NHWC"))[0] + self.bias
         out_h, out_w = -(-h // s), -(-w // s)
         pad_h, pad_w = max((out_h - 1) * s + k - h, 0), max((out_w - 1) * s + k - w, 0)
         x = jnp.pad(x, ((pad_h // 2, pad_h - pad_h // 2), (pad_w // 2, pad_w - pad_w // 2), (0, 0)))
         weight = self.weight
-        if self.space_to_depth and s > 1 and k % s == 0:  # space-to-depth: a stride-1 convolution with an (k/s) x (k/s) kernel
+        if s > 1 and k % s == 0:  # space-to-depth: a stride-1 convolution with an (k/s) x (k/s) kernel
             m, hp, wp = k // s, x.shape[0] // s, x.shape[1] // s
             x = x.reshape(hp, s, wp, s, channels).transpose(0, 2, 1, 3, 4).reshape(hp, wp, s * s * channels)
             # rows (dy, dx, c) with dy = by * s + iy, dx = bx * s + ix, reordered to (by, bx, iy, ix, c)
@@ -190,7 +184,7 @@ TORSOS = {"dqn": (DQNTorso, TORSO_MAP_SHAPE), "impala": (ImpalaTorso, IMPALA_MAP
 """torso name -> (class, output map shape)"""
 
 
-def oar_vector(prev_action, prev_reward, num_actions: int):
+def prev_action_reward(prev_action, prev_reward, num_actions: int):
     """[onehot(a_{t-1}); tanh(r_{t-1})]: what every recurrent core sees besides the image."""
     return jnp.concatenate([jax.nn.one_hot(prev_action, num_actions), jnp.tanh(prev_reward)[None]])
 

@@ -104,7 +104,7 @@ def assert_a_uvfa_training_iteration_traces(args: "uvfa.Args", num_train_tasks: 
     assert jax.tree.structure(new_state) == jax.tree.structure(state)
     assert all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(jax.tree.leaves(new_state),
                                                                         jax.tree.leaves(state)))
-    assert metrics["loss"].shape == (1, 1) and metrics["return_sum"].shape == (1, 1, num_train_tasks)
+    assert metrics.sgd.losses["loss"].shape == (1, 1) and metrics.return_sum.shape == (1, 1, num_train_tasks)
 
 
 def evaluation_return(run_dir: Path, w, use_gpi: bool, seed: int = 0) -> float:

@@ -9,7 +9,11 @@ A moved copy, or one without a name the tools use (docs/contract.md), gives one 
 
 A second copy edits one part of FARM: common/farm.py copied next to it with another inter-module attention (each
 module reads the mean of the modules' values through the same gate), imported instead of common/farm.py. It trains
-tiny with the plain backend (the fast ones compute the repository's FARM), and results.evaluate reproduces it."""
+tiny with the plain backend (the fast ones compute the repository's FARM), and results.evaluate reproduces it.
+
+A third copy replaces the core itself: tests/fixtures/mean_share_core.py (per-module LSTMs sharing their mean state
+through a gate; no FARM at all) in place of FarmCore, through the core's interface alone (docs/contract.md). It
+trains tiny, and results.evaluate, summarize, analyze and video work on its run."""
 
 from __future__ import annotations
 
@@ -36,8 +40,8 @@ EDITS = [  # (what the original has, what the copy has instead): each must occur
     # a new metric, logged by the training loop like the others
     ('LOSS_NAMES = ("loss", "loss_q", "loss_psi", "loss_phi", "q_mean", "grad_norm")',
      'LOSS_NAMES = ("loss", "loss_q", "loss_psi", "loss_phi", "q_mean", "grad_norm", "q_abs")'),
-    ('               "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"]),',
-     '               "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"]), "q_abs": jnp.mean(jnp.abs(out["q_mean"])),'),
+    ('              "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"])}',
+     '              "loss_phi": loss_phi, "q_mean": jnp.mean(out["q_mean"]), "q_abs": jnp.mean(jnp.abs(out["q_mean"]))}'),
     # a layer: LayerNorm on the module states feeding psi (new parameters the original network does not have)
     ("        inputs = jnp.concatenate([h, z[None] * self.module_masks()], axis=-1)",
      "        inputs = jnp.concatenate([jax.vmap(self.state_norm)(h), z[None] * self.module_masks()], axis=-1)"),
@@ -190,3 +194,53 @@ def test_a_copy_with_another_inter_module_attention_trains_plain_and_is_evaluate
     err = refused.stderr.strip().splitlines()
     assert refused.returncode == 2 and len(err) == 1, err
     assert "--core-backend fused computes common/farm.py's FARM, and this FARM (my_farm) differs" in err[0]
+
+
+# a core that is not FARM: the copy's network holds tests/fixtures/mean_share_core.py's MeanShareCore instead
+CORE_EDITS = [
+    ("from common.farm import FarmCore\n", "from common.farm import FarmCore\nfrom mean_share_core import MeanShareCore\n"),
+    ("    core: FarmCore  # the module states s^k = h^k", "    core: MeanShareCore  # the module states s^k = h^k"),
+    ("""        self.core = FarmCore(NUM_ACTIONS, n, d, args.attention_heads, args.projection_dim, k_core,
+                             backend=args.core_backend, torso_channels=args.torso_channels)""",
+     "        self.core = MeanShareCore(NUM_ACTIONS, n, d, k_core, torso_channels=args.torso_channels)"),
+    ("    FarmCore.backend_to_run(args.core_backend)  # one of BACKENDS, and a fast one only for common/farm.py's FARM\n",
+     ""),
+]
+
+
+@pytest.fixture(scope="module")
+def copied_core_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("core_copy")
+    shutil.copy(ROOT / "tests" / "fixtures" / "mean_share_core.py", tmp)
+    source = (ROOT / "msfa_babyai.py").read_text()
+    for old, new in CORE_EDITS:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    (tmp / "msfa_meancore.py").write_text(source)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, str(tmp / "msfa_meancore.py"), *FLAGS], cwd=tmp, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return tmp / "msfa_meancore.py", tmp / "runs" / "msfa_meancore__1"
+
+
+def test_a_copy_whose_core_is_not_farm_trains_and_works_with_the_tools(copied_core_run, tmp_path, capsys):
+    import jax
+
+    from common.farm import FarmCore
+    from common.run.scripts import load_script
+    from helpers import replayed_evaluation
+    from results import analyze, summarize, video
+
+    script_path, run = copied_core_run
+    copy = load_script(str(script_path))
+    net = copy.make_network(copy.Args(num_modules=2, module_size=16), jax.random.PRNGKey(0))
+    assert type(net.core).__name__ == "MeanShareCore" and not isinstance(net.core, FarmCore)
+    again, ran = replayed_evaluation(run, 128, tmp_path)  # results.evaluate replays the run's own evaluation
+    assert again == ran and len(ran) > 0
+    summarize.main(summarize.Args(run_dir=str(run), episodes=0))
+    analyze.main(analyze.Args(run_dirs=(str(run),), out=str(tmp_path / "analysis"), episodes=2))
+    assert (tmp_path / "analysis" / "analysis.md").exists()
+    video.main(video.Args(run_dir=str(run), task="1,0,0,0", max_steps=3, out=str(tmp_path / "core.gif")))
+    out = capsys.readouterr().out
+    assert "| msfa_meancore |" in out and "3 frames" in out

@@ -12,7 +12,7 @@ import pytest
 import usfa
 import uvfa
 from common.envs.fruitbot import TEST_TASKS, TRAIN_TASKS
-from common.networks import count_params, oar_vector
+from common.networks import count_params, prev_action_reward
 from helpers import assert_a_uvfa_training_iteration_traces, replayed_evaluation
 
 # the JAX game's level pools are kept small (8 training levels per task, 4 evaluation levels): quick to generate
@@ -58,7 +58,7 @@ def test_the_terminal_transitions_next_state_carries_the_state_onto_the_next_fra
     seq = usfa.Sequence(steps=steps, state=(jnp.zeros(16),) * 2)
     maps, states = usfa.unroll(net.core, lambda x: x, seq)
     h_next = usfa.next_states(net.core, lambda x: x, seq, states, args, maps)
-    carried = net.core.recur(maps[3], oar_vector(steps.action[2], steps.reward[2], 15), (states[0][2], states[1][2]))
+    carried = net.core.recur(maps[3], prev_action_reward(steps.action[2], steps.reward[2], 15), (states[0][2], states[1][2]))
     np.testing.assert_allclose(h_next[2], carried[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(h_next[np.array([0, 1, 3, 4])], states[0][np.array([1, 2, 4, 5])])
 
@@ -131,7 +131,7 @@ def test_tiny_run_end_to_end(learned, backend, tmp_path, capsys):
                                                                                                  TEST_TASKS])}
     assert {r["gpi"] for r in rows} == {"0", "1"}
     assert int(list(csv.DictReader(open(run / "metrics.csv")))[-1]["sgd_steps"]) > 0
-    assert "paper: " in capsys.readouterr().out
+    assert " parameters; replay " in capsys.readouterr().out
     if backend == "jax":
         assert_lifetimes_ended(run, TINY["num_envs"])
         again, ran = replayed_evaluation(run, steps, tmp_path)  # results/evaluate.py on the saved agent

@@ -133,11 +133,11 @@ def test_a_run_keeping_game_states_learns_exactly_as_one_keeping_frames(msfa_run
     final parameters, are equal."""
     script, out, _ = msfa_runs
     a, b = out["states"]["metrics"], out["frames"]["metrics"]
-    learning = np.asarray(a["learning"])[0] > 0
+    learning = np.asarray(a.learning)[0] > 0
     assert learning.sum() == 2 * ITERATIONS - 1
     for name in script.LOSS_NAMES:
-        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
-        assert np.all(np.asarray(a[name])[0, learning] != 0), name
+        np.testing.assert_array_equal(a.sgd.losses[name], b.sgd.losses[name], err_msg=name)
+        assert np.all(np.asarray(a.sgd.losses[name])[0, learning] != 0), name
     for x, y in zip(jax.tree.leaves(out["states"]["state"].params), jax.tree.leaves(out["frames"]["state"].params)):
         np.testing.assert_array_equal(x, y)
 

@@ -53,7 +53,7 @@ def test_the_terminal_transitions_next_state_sees_the_final_view():
     args = script.Args(**TINY)
     net = script.make_network(args, jax.random.PRNGKey(0))
     seq = random_sequence(jax.random.PRNGKey(1), args, 6, first=(3,), terminal=(2,))
-    _, states = script.unroll(net.core, seq)
+    states = script.unroll(net.core, seq)
     h_next = script.next_states(net.core, seq, states)
     s = seq.steps
     final = script.core_step(net.core, s.final_obs[2], s.action[2], s.reward[2], (states[0][2], states[1][2]))[0]
@@ -130,7 +130,7 @@ def test_tiny_run_end_to_end(tmp_path, capsys):
     script.main(script.Args(**TINY | dict(total_timesteps=96, log_every=32, eval_every=64, num_seeds=2,
                                           run_dir=str(run), env_workers=2)))
     out = capsys.readouterr().out
-    assert "parameters (paper: 1.7M)" in out
+    assert " parameters; replay " in out
     rows = list(csv.DictReader(open(run / "eval.csv")))
     assert {r["seed"] for r in rows} == {"1", "2"} and {r["gpi"] for r in rows} == {"0", "1"}
     assert len({r["task"] for r in rows}) == len(TRAIN_TASKS) + len(TEST_TASKS)

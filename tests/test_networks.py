@@ -13,11 +13,9 @@ from common.networks import Conv2d, LSTMCell
 
 @pytest.mark.parametrize("kernel, stride, size", [(8, 4, 40), (4, 2, 10), (3, 1, 5), (1, 1, 5), (3, 2, 7), (8, 4, 37),
                                                   (4, 2, 9), (6, 2, 11)])
-@pytest.mark.parametrize("space_to_depth, native", [(True, False), (False, False), (False, True)])
-def test_patch_convolution_equals_a_same_padded_convolution(kernel, stride, size, space_to_depth, native,
-                                                            monkeypatch):
-    monkeypatch.setattr(Conv2d, "space_to_depth", space_to_depth)  # both paths: folded blocks, and plain patches
-    monkeypatch.setattr(Conv2d, "native", native)  # and XLA's own convolution (the reference written another way)
+def test_patch_convolution_equals_a_same_padded_convolution(kernel, stride, size):
+    """Both of Conv2d's paths (space-to-depth where the kernel is a multiple of the stride, plain patches
+    elsewhere) against XLA's own SAME-padded convolution."""
     conv = Conv2d(3, 5, kernel, stride, jax.random.PRNGKey(kernel))
     conv = eqx.tree_at(lambda c: c.bias, conv, jax.random.normal(jax.random.PRNGKey(1), (5,)))
     x = jax.random.normal(jax.random.PRNGKey(2), (size, size, 3))

@@ -436,11 +436,12 @@ def test_metric_rows_hand_worked():
     """One seed, a chunk of 2 iterations, 2 train tasks: iteration 0 learned and ended 1 episode of task 0 (return 1,
     length 30); iteration 1 did not learn and ended 2 of task 0 (returns 0, 2) and 1 of task 1 (return 4), lengths
     40 + 50 + 80. Losses average the learning iteration only; returns and lengths pool the chunk's episodes."""
-    from common.run import metric_fields, metric_rows, progress_line
+    from common.run import IterationMetrics, SGDMetrics, metric_fields, metric_rows, progress_line
 
-    metrics = {k: np.asarray(v)[None] for k, v in {
-        "learning": [1.0, 0.0], "loss": [0.5, 0.0], "epsilon": [0.1, 0.3],
-        "return_sum": [[1.0, 0.0], [2.0, 4.0]], "return_count": [[1, 0], [2, 1]], "length_sum": [30, 170]}.items()}
+    metrics = jax.tree.map(lambda v: np.asarray(v)[None], IterationMetrics(
+        sgd=SGDMetrics({"loss": [0.5, 0.0]}), learning=[1.0, 0.0], epsilon=[0.1, 0.3],
+        return_sum=[[1.0, 0.0], [2.0, 4.0]], return_count=[[1, 0], [2, 1]], length_sum=[30, 170]),
+        is_leaf=lambda x: isinstance(x, list))
     row, = metric_rows(metrics, np.asarray([7]), [3], 640, 12.0, ("loss",), ["1,0", "0,1"])
     assert set(row) <= set(metric_fields(("loss",), ["1,0", "0,1"]))
     assert (row["step"], row["seed"], row["sgd_steps"], row["loss"]) == (640, 3, 7, 0.5)
@@ -449,8 +450,8 @@ def test_metric_rows_hand_worked():
     assert row["return_train_1,0"] == 1.0 and row["return_train_0,1"] == 4.0  # (1 + 2) / 3 and 4 / 1
     assert row["episodes_train_1,0"] == 3 and row["episodes_train_0,1"] == 1
     assert "train return 2.50 | episode length 50 | loss 0.5000" in progress_line([row], 6400, 60.0)
-    quiet = {**metrics, "return_count": np.zeros((1, 2, 2)), "return_sum": np.zeros((1, 2, 2)),
-             "length_sum": np.zeros((1, 2))}
+    quiet = metrics._replace(return_count=np.zeros((1, 2, 2)), return_sum=np.zeros((1, 2, 2)),
+                             length_sum=np.zeros((1, 2)))
     row, = metric_rows(quiet, np.asarray([7]), [3], 640, 12.0, ("loss",), ["1,0", "0,1"])
     assert row["episode_length"] == "" and row["return_train_1,0"] == ""  # no episode ended in the chunk
     assert row["episodes_train_1,0"] == 0

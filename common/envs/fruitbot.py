@@ -46,6 +46,24 @@ MAX_LEVELS = 4
 DISTRIBUTION_MODES = ("hard", "easy")
 TRAIN_LEVELS = 200  # training levels come from level seeds 0..199; evaluation levels are unrestricted
 
+JAX_GAMES = {"paper": "paper", "hard": "stock-hard", "easy": "stock-easy"}
+"""the training scripts' --distribution-mode -> the game of common/envs/fruitbot_jax.py (paper: the original's
+per-task games; hard, easy: stock procgen's)"""
+ENV_BACKENDS = ("jax", "procgen")
+"""the training scripts' --env-backend: the JAX game inside the jitted program, or procgen's C++ game on the host"""
+
+
+def check_game(distribution_mode: str, env_backend: str) -> None:
+    """Refuse a game the training scripts cannot play (--distribution-mode, --env-backend), with one line."""
+    require(distribution_mode in JAX_GAMES,
+            f"--distribution-mode must be one of {', '.join(JAX_GAMES)}, got {distribution_mode!r}")
+    require(env_backend in ENV_BACKENDS, f"--env-backend must be one of {', '.join(ENV_BACKENDS)}, got {env_backend!r}")
+    require(env_backend == "jax" or distribution_mode != "paper",
+            "--distribution-mode paper (the original's per-task games) runs only with --env-backend jax; procgen "
+            "plays stock hard or easy")
+    if env_backend == "procgen":
+        require_procgen("--env-backend procgen")
+
 TRAIN_TASKS = np.eye(TASK_DIM, dtype=np.float32)
 TEST_TASKS = np.array(
     [[1, 0, 1, 1], [1, 0, 0, 1], [1, 1, 1, 1], [1, -1, -1, -1], [1, 0, -1, -1], [1, 0, 0, -1]], dtype=np.float32)

@@ -704,6 +704,31 @@ class FruitbotJax(environment.Environment):
 LEFT, STRAIGHT, RIGHT, FIRE = 0, 3, 6, 9  # actions 0-8 steer by (a // 3) - 1; 9 fires a key
 
 
+def play_first_lifetimes(env: FruitbotJax, params: EnvParams, task_of_env, act, initial_state, key,
+                         max_steps: int) -> jax.Array:
+    """Returns [n] of n envs (env i on a level of its task task_of_env[i] from params), each played until its first
+    lifetime ends (what comes after is not counted), all in one lax.while_loop (jit it with the caller);
+    act(image, w, prev_action, prev_reward, state) -> (action, state) is the script's greedy policy on all n envs,
+    initial_state the recurrent core's of one env. The JAX twin of common.envs.host.play_first_episodes."""
+    n = task_of_env.shape[0]
+    k_reset, key = jax.random.split(key)
+    obs, env_state = jax.vmap(env.reset_to, (0, 0, None))(jax.random.split(k_reset, n), task_of_env, params)
+    state = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), initial_state)
+
+    def body(carry):
+        t, key, obs, env_state, state, prev_action, prev_reward, returns, running = carry
+        key, k_step = jax.random.split(key)
+        action, state = act(obs.image, obs.w, prev_action, prev_reward, state)
+        obs, env_state, reward, terminated, truncated, _ = jax.vmap(env.step, (0, 0, 0, None))(
+            jax.random.split(k_step, n), env_state, action, params)
+        returns = returns + jnp.where(running, reward, 0.0)
+        running = running & ~(terminated | truncated)
+        return t + 1, key, obs, env_state, state, action, reward, returns, running
+
+    carry = (0, key, obs, env_state, state, jnp.zeros(n, jnp.int32), jnp.zeros(n), jnp.zeros(n), jnp.ones(n, bool))
+    return jax.lax.while_loop(lambda c: c[-1].any() & (c[0] < max_steps), body, carry)[-2]
+
+
 def gap_seeking_action(game: Game, config: GameConfig) -> jax.Array:
     """Steer towards the gap of the next barrier row ahead; where a locked door closes it, line up under its lock
     and fire (common.envs.fruitbot.gap_seeking_action's rule, on the JAX state). Task-agnostic."""

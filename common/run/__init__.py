@@ -33,7 +33,8 @@ from common.run.checkpoint import save_checkpoint, read_checkpoint_header, load_
 from common.run.scripts import ROOT, script_of, load_script  # noqa: F401
 from common.run.logs import (
     EVAL_FIELDS, format_task, peak_rss_gb, CsvLog, drop_rows_after, RunLogs, CUMULANT_SUMS, cumulant_stats,
-    cumulant_quality, cumulant_columns, metric_fields, metric_rows, progress_line, eval_line, require_finite, eval_rows
+    cumulant_quality, cumulant_columns, SGDMetrics, IterationMetrics, finished_episodes, metric_fields, metric_rows,
+    progress_line, eval_line, require_finite, eval_rows
 )  # noqa: F401
 from common.run.run_dir import RUN_FILES, RunDir, VERSIONED, versions, shard_seeds, StopSignals  # noqa: F401
-from common.run.loop import whole_iterations, train_in_chunks  # noqa: F401
+from common.run.loop import whole_iterations, Training, train_in_chunks  # noqa: F401

@@ -7,6 +7,7 @@ import csv
 import dataclasses
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -174,6 +175,34 @@ def cumulant_columns(num_categories: int) -> list[str]:
     return [f"phi_{name}_{k + 1}" for name in ("corr", "error_pickup", "error_other") for k in range(num_categories)]
 
 
+class SGDMetrics(NamedTuple):
+    """What an SGD step reports: its losses by name (the script's LOSS_NAMES, metrics.csv's loss columns, each a
+    scalar) and, for a method that learns cumulants, the sums [len(CUMULANT_SUMS), C] of `cumulant_stats` over its
+    batch (None otherwise)."""
+    losses: dict
+    cumulant_stats: jax.Array | None = None
+
+
+class IterationMetrics(NamedTuple):
+    """What one training iteration reports: the one definition of what a script's jitted chunk returns (stacked
+    [seeds, iterations, ...]) and `metric_rows` reads on the host."""
+    sgd: SGDMetrics  # the mean over the iteration's SGD steps; zeros where it took none (replay not ready)
+    learning: jax.Array  # 1.0 where the iteration took SGD steps, 0.0 where it waited for replay
+    return_sum: jax.Array  # [train tasks] the summed returns of the training episodes that ended in the iteration
+    return_count: jax.Array  # [train tasks] how many ended
+    length_sum: jax.Array  # their summed lengths in env steps
+    epsilon: jax.Array  # the actors' mean epsilon at the iteration's end
+
+
+def finished_episodes(finished: dict, num_tasks: int) -> dict:
+    """IterationMetrics' episode sums from the actors' per-step records [steps, envs]: "done" (an episode ended
+    there), its "return", its train "task" index and its "length"."""
+    done = finished["done"]
+    one_hot = jax.nn.one_hot(finished["task"], num_tasks) * done[..., None]
+    return {"return_sum": jnp.sum(one_hot * finished["return"][..., None], axis=(0, 1)),
+            "return_count": jnp.sum(one_hot, axis=(0, 1)), "length_sum": jnp.sum(done * finished["length"])}
+
+
 def metric_fields(loss_names: tuple[str, ...], train_tasks: list[str], num_cumulants: int = 0) -> list[str]:
     """The columns of metrics.csv: step, seed, sps, ..., the losses, the quality of learned cumulants (methods that
     learn them: num_cumulants > 0), the mean length of the training episodes, the training return per train task,
@@ -184,27 +213,30 @@ def metric_fields(loss_names: tuple[str, ...], train_tasks: list[str], num_cumul
             + [f"episodes_train_{w}" for w in train_tasks])
 
 
-def metric_rows(metrics: dict, sgd_steps, seeds: list[int], step: int, sps: float, loss_names: tuple[str, ...],
-                train_tasks: list[str]) -> list[dict]:
+def metric_rows(metrics: IterationMetrics, sgd_steps, seeds: list[int], step: int, sps: float,
+                loss_names: tuple[str, ...], train_tasks: list[str]) -> list[dict]:
     """metrics.csv rows of every seed from a chunk's metrics [seeds, iterations, ...]: losses average the
-    iterations that learned ("learning" > 0), training returns the episodes that ended in the chunk ("return_sum",
-    "return_count" per train task), and episode_length their mean length in env steps ("length_sum": in Fruitbot a
-    lifetime's, so it shows survival before returns move); "" where there were none."""
+    iterations that learned, training returns the episodes that ended in the chunk, and episode_length their mean
+    length in env steps (in Fruitbot a lifetime's, so it shows survival before returns move); "" where there were
+    none."""
+    require(set(metrics.sgd.losses) == set(loss_names),
+            f"the SGD step reports {sorted(metrics.sgd.losses)} but LOSS_NAMES (metrics.csv's columns) lists "
+            f"{sorted(loss_names)}: make them the same")
     rows = []
     for i, seed in enumerate(seeds):
-        m = {k: v[i] for k, v in metrics.items()}
-        learning = m["learning"] > 0
+        m = jax.tree.map(lambda x: x[i], metrics)
+        learning = m.learning > 0
         row = {"step": step, "seed": seed, "sps": round(sps, 1), "sgd_steps": int(sgd_steps[i]),
-               "epsilon": float(m["epsilon"].mean()), "rss_gb": round(peak_rss_gb(), 2)}
+               "epsilon": float(m.epsilon.mean()), "rss_gb": round(peak_rss_gb(), 2)}
         for k in loss_names:
-            row[k] = float(m[k][learning].mean()) if learning.any() else ""
-        if "cumulant_stats" in m:  # pooled over the chunk's SGD steps (learned cumulants' replayed transitions)
-            quality = cumulant_quality(np.asarray(m["cumulant_stats"])[learning].sum(0))
+            row[k] = float(m.sgd.losses[k][learning].mean()) if learning.any() else ""
+        if m.sgd.cumulant_stats is not None:  # pooled over the chunk's SGD steps (their replayed transitions)
+            quality = cumulant_quality(np.asarray(m.sgd.cumulant_stats)[learning].sum(0))
             for name, values in quality.items():
                 for k, v in enumerate(values):
                     row[f"phi_{name}_{k + 1}"] = "" if np.isnan(v) else round(float(v), 5)
-        counts, sums = m["return_count"].sum(0), m["return_sum"].sum(0)
-        row["episode_length"] = float(m["length_sum"].sum() / counts.sum()) if counts.sum() else ""
+        counts, sums = m.return_count.sum(0), m.return_sum.sum(0)
+        row["episode_length"] = float(m.length_sum.sum() / counts.sum()) if counts.sum() else ""
         for t, w in enumerate(train_tasks):
             row[f"return_train_{w}"] = float(sums[t] / counts[t]) if counts[t] else ""
             row[f"episodes_train_{w}"] = int(counts[t])
