@@ -14,3 +14,59 @@ os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "1"
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+# ---------------------------------------------------------------------------------------------------- the two tiers
+SLOW = {  # test file -> the tests (names, parametrisations aside) in the slow tier, or "*" for all of them
+    # whole files: trained runs and what reads them
+    "test_learning.py": "*",  # MSFA trained until it learns
+    "test_slurm.py": "*",  # a one-node SLURM cluster
+    "test_scale.py": "*",  # the protocol's real runs, killed and resumed
+    "test_copy_and_modify.py": "*",  # copies trained tiny, then every tool on them
+    "test_benchmarks.py": "*",  # the benchmark commands
+    "test_analyze.py": "*",  # tiny trained runs of three methods
+    "test_video.py": "*",  # a tiny trained UVFA-FARM run
+    "test_fruitbot_replay.py": "*",  # every Fruitbot script trained twice (game states, frames), and resumed
+    # tiny end-to-end runs, resume and the tools on real runs
+    "test_runs.py": ("test_sigint_at_a_random_moment_then_resume_gives_the_uninterrupted_run",
+                     "test_a_run_killed_before_its_first_checkpoint_starts_over_on_resume",
+                     "test_resume_without_settings_says_the_one_command_that_works",
+                     "test_a_second_run_into_a_used_directory_is_refused_and_leaves_it_untouched",
+                     "test_overwrite_moves_the_old_run_aside", "test_a_moved_run_resumes_from_its_saved_settings_alone",
+                     "test_resuming_a_finished_run_says_so_and_changes_nothing",
+                     "test_a_run_saved_before_a_setting_existed_resumes_with_its_default",
+                     "test_resume_refuses_a_changed_setting_that_is_not_safe_to_change",
+                     "test_a_broken_checkpoint_gets_one_line_and_the_csvs_are_untouched",
+                     "test_another_methods_checkpoint_is_refused",
+                     "test_a_nan_stops_the_run_and_keeps_the_last_good_checkpoint_written_by_time",
+                     "test_a_saved_agent_evaluates_on_any_task_and_reproduces_its_runs_evaluation",
+                     "test_one_gpi_setting_alone_gives_that_settings_rows_of_both", "test_evaluate_bad_input_gets_one_line",
+                     "test_the_run_records_its_env_where_the_tools_read_it",
+                     "test_a_save_on_a_full_disk_stops_with_one_line_and_loses_nothing",
+                     "test_a_run_trains_the_steps_asked_and_evaluates_where_asked"),
+    "test_learners.py": ("test_tiny_run_with_the_time_limit_as_termination", "test_tiny_run_of_every_script_and_variant",
+                         "test_same_seed_gives_identical_results_and_seeds_differ", "test_resume_continues_the_run"),
+    "test_msfa_fruitbot.py": ("test_tiny_run_end_to_end",),
+    "test_msfa_minihack.py": ("test_tiny_run_end_to_end",),
+    "test_fruitbot_baselines.py": ("test_tiny_run_end_to_end", "test_uvfa_tiny_run_end_to_end"),
+    "test_minihack_baselines.py": ("test_usfa_tiny_run_end_to_end", "test_uvfa_tiny_run_end_to_end"),
+}
+"""The fast tier (`pytest -m "not slow"`, a developer's loop) is the rest: env rules, every hand-worked target and
+loss against every script, the contract, masking, bad input, equivalences at small sizes. The whole suite (plain
+`pytest`, what CI runs) is both."""
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    seen = {}
+    for item in items:
+        seen.setdefault(item.path.name, set()).add(item.originalname)
+        slow = SLOW.get(item.path.name, ())
+        if slow == "*" or item.originalname in slow:
+            item.add_marker(pytest.mark.slow)
+    whole_files = not config.getoption("keyword") and all("::" not in a for a in config.args)
+    for name, tests in seen.items() if whole_files else ():  # a renamed test must not fall into the fast tier
+        unknown = set() if SLOW.get(name) == "*" else set(SLOW.get(name, ())) - tests
+        if unknown:
+            raise pytest.UsageError(f"tests/conftest.py SLOW names tests that {name} does not have: {sorted(unknown)}")
