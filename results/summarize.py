@@ -1,9 +1,17 @@
-"""Markdown table of a run's final evaluation next to the BFS oracle and random play.
+"""Markdown table of a run's final evaluation next to its env's reference returns (BFS oracle, scripted, random play).
 
-    python -m results.summarize results/babyai/msfa_1M [--episodes 100] [--actors-from STEP]
+    python -m results.summarize results/babyai/msfa_1M [--episodes N] [--actors-from STEP]
 
 For each task: the mean over seeds of each seed's greedy return at the last evaluation step, ± the standard error
-over seeds, with GPI and without; then the BFS oracle's and random play's returns (--episodes 0 leaves them out).
+over seeds, with GPI and without; then the references of the run's env setting (BabyAI: the BFS oracle and random
+play in the run's room; Fruitbot's stock procgen: the scripted gap-seeker and random play), mean ± s.e. over their
+episodes, read from results/references.json (`python -m results.references` stores them: playing them takes
+minutes, reading them nothing). A room with no stored entry gets "(not stored)" cells, and the caption names the one
+command that stores it. MiniHack and the JAX Fruitbot game have none stored: the caption says which command prints
+theirs.
+
+--episodes N plays the references now over N episodes per task (seed 0) instead of reading them; --episodes 0 leaves
+them out.
 With --actors-from, a second table: the training actors' return per train task (epsilon-greedy on the training
 levels: what the original logs for the train tasks), pooled over the episodes that ended after that step.
 """
@@ -20,17 +28,21 @@ import numpy as np
 import tyro
 
 from common.envs import babyai
-from common.envs.babyai import bfs_oracle_returns, random_policy_returns
 from common.run import exit_on_config_error, format_task, require
+from results import references
 from results.contract import run_label
+
+
+COLUMNS = ("BFS oracle", "random")
+"""the reference columns of an env with no references stored (MiniHack), left empty"""
 
 
 @dataclass
 class Args:
     run_dir: tyro.conf.Positional[str]
     """a run directory (or a copy of its eval.csv's folder)"""
-    episodes: int = 100
-    """episodes per task for the oracle and random references (0: leave them out)"""
+    episodes: int | None = None
+    """play the references now over this many episodes per task (0: leave them out); default: read the stored ones"""
     actors_from: int | None = None
     """also pool the training actors' returns (metrics.csv) over the episodes that ended after this env step"""
 
@@ -53,14 +65,61 @@ def recorded_env(record: dict) -> str:
     return "minihack" if "room_size" in saved else "fruitbot" if "distribution_mode" in saved else "babyai"
 
 
+def saved_args(run_dir: Path) -> dict:
+    """The settings a run's config.json records ({} for a copy of its eval.csv alone)."""
+    config = Path(run_dir) / "config.json"
+    return json.loads(config.read_text()).get("args", {}) if config.exists() else {}
+
+
 def babyai_room(run_dir: Path) -> babyai.GotoAvoid:
     """The GotoAvoid room a BabyAI run trained in (its grid size, objects and episode length from config.json; the
     paper's room for runs saved before they were settings): the room its references are played in."""
-    config = Path(run_dir) / "config.json"
-    saved = json.loads(config.read_text()).get("args", {}) if config.exists() else {}
+    saved = saved_args(run_dir)
     return babyai.GotoAvoid(obs_mode="symbolic", grid_size=saved.get("grid_size", babyai.ROOM_SIZE),
                             objects_per_category=saved.get("objects_per_category", babyai.OBJECTS_PER_CATEGORY),
                             episode_steps=saved.get("episode_steps", babyai.MAX_STEPS))
+
+
+def reference_setting(run_dir: Path, env: str) -> dict:
+    """The setting of the references a BabyAI or Fruitbot run is held against: where its evaluation plays (BabyAI:
+    its room; Fruitbot: its game and evaluation levels; runs saved before --env-backend existed played stock procgen,
+    on unrestricted levels)."""
+    if env == "babyai":
+        return references.room_setting(babyai_room(run_dir))
+    saved = saved_args(run_dir)
+    game = {"distribution_mode": saved.get("distribution_mode", "hard"), "max_levels": saved.get("max_levels", 4)}
+    if saved.get("env_backend", "procgen") == "procgen":
+        return {"backend": "procgen", **game, "num_levels": 0}
+    return {"backend": "jax", **game, "num_levels": saved.get("eval_levels", 1000), "level_key": 1}
+
+
+def reference_returns(run_dir: Path, env: str, episodes: int | None) -> tuple[dict, str, str]:
+    """({policy: {task: {"mean", "se"}}} of the run's references, what the table's caption says of them, and what a
+    missing cell says): the stored ones by default, played now with --episodes N, none with --episodes 0. MiniHack
+    has none stored (results/references.py says why)."""
+    require(episodes in (None, 0) or episodes >= 2,
+            f"--episodes must be 0 (leave the references out) or at least 2 (for a standard error), got {episodes}")
+    if env not in references.PLAY:
+        return {}, f"{env} has no oracle here: its random references are `python -m common.envs.{env}`", "-"
+    setting = reference_setting(run_dir, env)
+    if episodes == 0:
+        return {}, "references left out (--episodes 0)", "(not run)"
+    if episodes is not None:
+        return references.play(env, setting, episodes), f"references played now over {episodes} episodes", "-"
+    entry = references.stored(env, setting)
+    if entry:
+        return (entry["returns"], f"references over {entry['episodes']} episodes, stored {entry['date']} by "
+                                  f"`{entry['command']}`", "-")
+    if references.computable(env, setting):
+        return {}, (f"no references stored for {setting}: `{references.default_command(env, setting)}` plays and "
+                    "stores them"), "(not stored)"
+    about = f"no references stored for {setting}, and results.references cannot play them"
+    if setting.get("backend") == "jax":
+        from common.envs.fruitbot import JAX_GAMES
+
+        about += (f" (`python -m common.envs.fruitbot_jax --config {JAX_GAMES[setting['distribution_mode']]} "
+                  f"--num-levels {setting['num_levels']} --level-key 1` prints the JAX game's)")
+    return {}, about, "-"
 
 
 def env_tasks(run_dirs) -> tuple[np.ndarray, np.ndarray]:
@@ -138,6 +197,11 @@ def mean_se(values):
     return f"{values.mean():.2f} ± {values.std(ddof=1) / np.sqrt(len(values)):.2f}"
 
 
+def reference_cell(reference: dict | None, missing: str) -> str:
+    """A reference's table cell: its mean ± s.e., or what stands for a missing one."""
+    return f"{reference['mean']:.2f} ± {reference['se']:.2f}" if reference else missing
+
+
 @exit_on_config_error
 def main(args: Args) -> None:
     eval_csv = Path(args.run_dir) / "eval.csv"
@@ -145,28 +209,20 @@ def main(args: Args) -> None:
     step, table = final_returns(eval_csv)
     seeds = len(next(iter(table.values())))
     train_tasks, test_tasks = env_tasks([args.run_dir])
-    babyai_run = run_env(Path(args.run_dir)) == "babyai"
-    oracle = defaultdict(lambda: "(not run)" if babyai_run else "-")
-    rand = defaultdict(lambda: "(not run)" if babyai_run else "-")
-    for tasks in (train_tasks, test_tasks) if args.episodes and babyai_run else ():
-        o, ose = bfs_oracle_returns(tasks, args.episodes, env=babyai_room(Path(args.run_dir)))
-        r, rse = random_policy_returns(tasks, args.episodes, env=babyai_room(Path(args.run_dir)))
-        for w, a, b, c, d in zip(tasks, o, ose, r, rse):
-            oracle[format_task(w)], rand[format_task(w)] = f"{a:.2f} ± {b:.2f}", f"{c:.2f} ± {d:.2f}"
     env = run_env(Path(args.run_dir))
-    references = (f"references over {args.episodes} episodes" if babyai_run else
-                  f"{env} has no oracle here: its random references are `python -m common.envs."
-                  f"{'fruitbot_jax' if env == 'fruitbot' else env}`")
+    returns, about, missing = reference_returns(Path(args.run_dir), env, args.episodes)
     config = Path(args.run_dir) / "config.json"
     name = run_label(json.loads(config.read_text()) if config.exists() else {}, Path(args.run_dir).name)
-    print(f"{name}: greedy return at step {step:,}, mean ± s.e. over {seeds} seed(s) of each seed's mean; "
-          f"{references}.\n")
-    print("| split | task | GPI | no GPI | BFS oracle | random |")
-    print("|---|---|---:|---:|---:|---:|")
+    print(f"{name}: greedy return at step {step:,}, mean ± s.e. over {seeds} seed(s) of each seed's mean; {about}.\n")
+    policies = references.POLICIES.get(env, COLUMNS)
+    print("| split | task | GPI | no GPI | " + " | ".join(policies) + " |")
+    print("|---|---|---:|---:|" + "---:|" * len(policies))
     for split, tasks in (("train", train_tasks), ("test", test_tasks)):
         for w in tasks:
             t = format_task(w)
-            print(f"| {split} | {t} | {mean_se(table[(t, 1)])} | {mean_se(table[(t, 0)])} | {oracle[t]} | {rand[t]} |")
+            cells = [mean_se(table[(t, 1)]), mean_se(table[(t, 0)])]
+            cells += [reference_cell(returns.get(p, {}).get(t), missing) for p in policies]
+            print(f"| {split} | {t} | " + " | ".join(cells) + " |")
     if args.actors_from is not None:
         pooled = actor_returns(Path(args.run_dir) / "metrics.csv", args.actors_from, train_tasks)
         print(f"\nTraining actors (epsilon-greedy, training levels): return per train task over the episodes that "

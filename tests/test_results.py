@@ -92,7 +92,10 @@ def test_the_tools_read_a_fruitbot_runs_tasks_and_refuse_mixed_environments(tmp_
     fruitbot = fake_run(tmp_path, "fb", "MSFA", (10,), (0, 1), 1.0, env="fruitbot")
     summarize.main(summarize.Args(run_dir=fruitbot))
     out = capsys.readouterr().out
-    assert "| test | 1,-1,-1,-1 | 3.50 ± 0.50 | 2.50 ± 0.50 | - | - |" in out and "fruitbot has no oracle here" in out
+    # stock procgen's hard mode (its runs' config.json has no --env-backend): the scripted and random play stored
+    assert "| split | task | GPI | no GPI | scripted gap-seeker | random |" in out
+    assert "| test | 1,-1,-1,-1 | 3.50 ± 0.50 | 2.50 ± 0.50 | -9.30 ± 0.90 | -0.55 ± 0.14 |" in out
+    assert "references over 20 episodes, stored" in out
     summarize.main(summarize.Args(run_dir=fake_run(tmp_path, "mh", "MSFA", (10,), (0, 1), 1.0, env="minihack")))
     out = capsys.readouterr().out
     assert "| test | 1,1,1 | 3.50 ± 0.50 | 2.50 ± 0.50 | - | - |" in out and "| train | 0,0,1 |" in out
