@@ -255,7 +255,7 @@ def run_sgd_row(row: Row, bench: Args) -> dict:
         def loss(params):
             return script.batch_loss(eqx.combine(params, static), eqx.combine(target_params, static), *render,
                                      batch, probabilities, args)
-        grads, (priorities, _) = jax.grad(loss, has_aux=True)(params)
+        grads, (priorities, *_) = jax.grad(loss, has_aux=True)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return eqx.apply_updates(params, updates), opt_state, grads, priorities
 

@@ -27,6 +27,13 @@ SLOW = {  # test file -> the tests (names, parametrisations aside) in the slow t
     "test_analyze.py": "*",  # tiny trained runs of three methods
     "test_video.py": "*",  # a tiny trained UVFA-FARM run
     "test_fruitbot_replay.py": "*",  # every Fruitbot script trained twice (game states, frames), and resumed
+    # the speed-only FARM backends (fused, Pallas kernels) against the plain FARM, and the SGD steps built on them
+    "test_farm_fast.py": "*", "test_farm_kernels.py": "*", "test_farm_kernels_scripts.py": "*",
+    "test_fused_learner.py": "*",
+    # the JAX Fruitbot against stock procgen step by step, and env worker processes
+    "test_fruitbot_jax.py": ("test_dynamics_match_procgen", "test_generated_levels_match_procgen"),
+    "test_minihack.py": ("test_worker_processes_play_the_same_episodes_as_one_process",),
+    "test_compact.py": ("test_the_committed_agent_loads_from_its_compact_form",),
     # tiny end-to-end runs, resume and the tools on real runs
     "test_runs.py": ("test_sigint_at_a_random_moment_then_resume_gives_the_uninterrupted_run",
                      "test_a_run_killed_before_its_first_checkpoint_starts_over_on_resume",
@@ -48,8 +55,10 @@ SLOW = {  # test file -> the tests (names, parametrisations aside) in the slow t
                          "test_same_seed_gives_identical_results_and_seeds_differ", "test_resume_continues_the_run"),
     "test_msfa_fruitbot.py": ("test_tiny_run_end_to_end",),
     "test_msfa_minihack.py": ("test_tiny_run_end_to_end",),
-    "test_fruitbot_baselines.py": ("test_tiny_run_end_to_end", "test_uvfa_tiny_run_end_to_end"),
-    "test_minihack_baselines.py": ("test_usfa_tiny_run_end_to_end", "test_uvfa_tiny_run_end_to_end"),
+    "test_fruitbot_baselines.py": ("test_tiny_run_end_to_end", "test_uvfa_tiny_run_end_to_end",
+                                   "test_the_other_uvfa_variants_train_on_this_env"),
+    "test_minihack_baselines.py": ("test_usfa_tiny_run_end_to_end", "test_uvfa_tiny_run_end_to_end",
+                                   "test_the_other_uvfa_variants_train_on_this_env"),
 }
 """The fast tier (`pytest -m "not slow"`, a developer's loop) is the rest: env rules, every hand-worked target and
 loss against every script, the contract, masking, bad input, equivalences at small sizes. The whole suite (plain

@@ -157,7 +157,7 @@ def gradients_and_priorities(script, args, env: str, seed: int = 0):
         def loss(params):
             return script.batch_loss(eqx.combine(params, static), eqx.combine(target_params, static), *render, batch,
                                      probabilities, args)
-        grads, (priorities, _) = jax.grad(loss, has_aux=True)(params)
+        grads, (priorities, *_) = jax.grad(loss, has_aux=True)(params)
         return grads, priorities
 
     return jax.jit(grad)(params, target_params, batch, probabilities)
