@@ -163,6 +163,7 @@ def test_a_resumed_run_continues_exactly(runs):
     assert meta == {"step": 1}
     state, metrics = run["chunk"](state)
     for name in ("loss", "q_mean", "grad_norm"):
-        np.testing.assert_array_equal(metrics[name], np.asarray(run["metrics"][name])[:, ITERATIONS:], err_msg=name)
+        np.testing.assert_array_equal(metrics.sgd.losses[name],
+                                      np.asarray(run["metrics"].sgd.losses[name])[:, ITERATIONS:], err_msg=name)
     for x, y in zip(jax.tree.leaves(state), jax.tree.leaves(run["state"])):
         np.testing.assert_array_equal(x, y)

@@ -304,7 +304,8 @@ def test_a_nan_stops_the_run_and_keeps_the_last_good_checkpoint_written_by_time(
         new_state, metrics = original(setup, args, state, key)
         poison = jnp.where(state.sgd_steps >= 2, jnp.nan, 0.0)
         params = jax.tree.map(lambda p: p + poison, new_state.params)
-        return new_state._replace(params=params), metrics | {"loss": metrics["loss"] + poison}
+        losses = metrics.losses | {"loss": metrics.losses["loss"] + poison}
+        return new_state._replace(params=params), metrics._replace(losses=losses)
 
     monkeypatch.setattr(msfa, "sgd_step", poisoned)
     run_dir = tmp_path / "run"
