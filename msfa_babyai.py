@@ -598,8 +598,8 @@ def train_iteration(setup: Setup, args: Args, state: TrainState, _):
                                       jax.random.split(k_learn, sgd_steps_per_iteration(args)))
         return state, (jax.tree.map(lambda x: jnp.mean(x, 0), metrics), jnp.ones(()))
 
-    def wait(state):  # replay cannot be sampled yet: no SGD step, learn's metrics as zeros
-        return state, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(learn, state)[1])
+    def wait(state):  # replay cannot be sampled yet: no SGD step, the SGD step's metrics as zeros
+        return state, (SGDMetrics.none_taken(LOSS_NAMES, TRAIN_TASKS.shape[1]), jnp.zeros(()))
 
     state, (sgd, learning) = jax.lax.cond(setup.buffer.can_sample(state.buffer), learn, wait, state)
     return state, IterationMetrics(sgd, learning, **finished_episodes(finished, TRAIN_TASKS.shape[0]),

@@ -595,6 +595,11 @@ def measures_cumulants(args: Args) -> bool:
     return args.learned_cumulants and args.env != "minihack"
 
 
+def num_measured_cumulants(args: Args) -> int:
+    """How many cumulants those comparisons have (metrics.csv's phi_* columns): C, or 0 where there are none."""
+    return env_module(args).TRAIN_TASKS.shape[1] if measures_cumulants(args) else 0
+
+
 # =====================================================================================================================
 # Training state, acting and one jitted chunk of training
 # =====================================================================================================================
@@ -839,8 +844,8 @@ def train_iteration(setup: Setup, args: Args, state: TrainState, _):
                                       jax.random.split(k_learn, sgd_steps_per_iteration(args)))
         return state, (jax.tree.map(lambda x: jnp.mean(x, 0), metrics), jnp.ones(()))
 
-    def wait(state):  # replay cannot be sampled yet: no SGD step, learn's metrics as zeros
-        return state, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(learn, state)[1])
+    def wait(state):  # replay cannot be sampled yet: no SGD step, the SGD step's metrics as zeros
+        return state, (SGDMetrics.none_taken(loss_names(args), num_measured_cumulants(args)), jnp.zeros(()))
 
     state, (sgd, learning) = jax.lax.cond(setup.buffer.can_sample(state.buffer), learn, wait, state)
     return state, IterationMetrics(sgd, learning, **finished_episodes(finished, env_module(args).TRAIN_TASKS.shape[0]),
@@ -1017,7 +1022,7 @@ def main(args: Args) -> None:
         eval_tasks=eval_tasks(args), num_train_tasks=len(train_tasks), gpi_settings=GPI_SETTINGS,
         loss_names=loss_names(args), steps_per_iteration=per_iteration,
         sgd_steps_per_iteration=sgd_steps_per_iteration(args),
-        num_cumulants=train_tasks.shape[1] * measures_cumulants(args)))
+        num_cumulants=num_measured_cumulants(args)))
 
 
 if __name__ == "__main__":

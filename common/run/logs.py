@@ -182,6 +182,13 @@ class SGDMetrics(NamedTuple):
     losses: dict
     cumulant_stats: jax.Array | None = None
 
+    @classmethod
+    def none_taken(cls, loss_names: tuple[str, ...], num_cumulants: int = 0) -> "SGDMetrics":
+        """What an iteration that took no SGD step reports (replay cannot be sampled yet): zeros of the SGD step's
+        structure, built from the names alone, so that the wait branch does not trace the SGD step a second time."""
+        stats = jnp.zeros((len(CUMULANT_SUMS), num_cumulants)) if num_cumulants else None
+        return cls({name: jnp.zeros(()) for name in loss_names}, stats)
+
 
 class IterationMetrics(NamedTuple):
     """What one training iteration reports: the one definition of what a script's jitted chunk returns (stacked
