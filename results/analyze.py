@@ -13,6 +13,8 @@ value, and writes to --out:
   numbers (its formula is not in the authors' code, so both are given); the cumulant quality per category
   (common.run.cumulant_quality: correlation of phi^k with the pickups of category k, and its error on pickup and
   other transitions), over all tasks' episodes; and the mean pickups per episode of each category.
+- per_seed.csv: per method, seed and task, the greedy episodes' mean return and (learned cumulants) the mean
+  |phi . w - r| and (phi . w - r)^2 of their transitions: Table A per seed on every task (results.claims reads it).
 - pickup_heatmaps.png: per method, the mean pickups of each category per episode on each test task.
 - module_activity.png: one episode of --activity-task per SF run (seed 1 or its first): each module's contribution
   sum_{c in module k} psi_c(s, a, z*) w_c to the value of the chosen action a (z* the policy GPI chose), against the
@@ -24,6 +26,7 @@ env resets at the time limit before the final view is seen), so the statistics u
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +58,7 @@ class Args:
     run_dirs: tyro.conf.Positional[tuple[str, ...]]
     """run directories holding params_seed<N>.eqx files (e.g. MSFA's and USFA-learned's)"""
     out: str = "analysis"
-    """folder for analysis.md, pickup_heatmaps.png and module_activity.png"""
+    """folder for analysis.md, per_seed.csv, pickup_heatmaps.png and module_activity.png"""
     episodes: int = 40
     """greedy episodes per task and seed (the paper's Table A: 40)"""
     gpi: str = "on"
@@ -174,6 +177,30 @@ def table_a(runs: dict[str, dict], tasks: np.ndarray) -> list[str]:
         paper_cells = [f"{m:.4f} ± {s:.4f}" for m, s in paper] if paper else ["-", "-"]
         lines.append(f"| {format_task(tasks[t])} | " + " | ".join(cells + paper_cells) + " |")
     return lines
+
+
+PER_SEED_FIELDS = ("method", "seed", "step", "gpi", "split", "task", "episodes", "return", "abs_error", "sq_error")
+
+
+def write_per_seed(runs: dict[str, dict], tasks: np.ndarray, path: Path) -> None:
+    """per_seed.csv: per method, seed and task, the mean return of the greedy episodes and, for learned cumulants,
+    the mean |phi . w - r| and (phi . w - r)^2 over their transitions (Table A's errors per seed, on every task, so
+    that intervals over seeds can be drawn: results.claims)."""
+    test = {format_task(w) for w in TEST_TASKS}
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, PER_SEED_FIELDS)
+        writer.writeheader()
+        for name, r in runs.items():
+            for agent, trace in zip(r["agents"], r["traces"]):
+                errors = prediction_errors(trace, tasks) if "phi" in trace else None
+                for t, w in enumerate(tasks):
+                    task = format_task(w)
+                    writer.writerow({
+                        "method": name, "seed": agent.seed, "step": agent.step, "gpi": int(r["gpi"]),
+                        "split": "test" if task in test else "train", "task": task,
+                        "episodes": trace["reward"].shape[1], "return": f"{trace['reward'][t].sum(-1).mean():.6g}",
+                        "abs_error": "" if errors is None else f"{errors[0][t].mean():.6g}",
+                        "sq_error": "" if errors is None else f"{errors[1][t].mean():.6g}"})
 
 
 def quality_table(runs: dict[str, dict]) -> list[str]:
@@ -303,6 +330,7 @@ def main(args: Args) -> None:
              "## Pickups per episode", "", *pickup_table(counts, tasks), ""]
     (out / "analysis.md").write_text("\n".join(lines))
     print("\n".join(lines))
+    write_per_seed(runs, tasks, out / "per_seed.csv")
     plot_heatmaps(counts, tasks, out / "pickup_heatmaps.png")
 
     activity = {}
@@ -313,7 +341,7 @@ def main(args: Args) -> None:
         trace = rollout(agent, activity_task, 1, r["gpi"], jax.random.PRNGKey(args.seed))
         activity[f"{name}, seed {agent.seed}"] = (trace["contribution"][0, 0], trace["phi_env"][0, 0],
                                                   module_groups(agent, tasks.shape[1]))
-    written = ["analysis.md", "pickup_heatmaps.png"]
+    written = ["analysis.md", "per_seed.csv", "pickup_heatmaps.png"]
     if activity:
         plot_activity(activity, activity_task[0], out / "module_activity.png")
         written.append("module_activity.png")

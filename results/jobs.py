@@ -64,10 +64,18 @@ class Run:
         return command
 
 
-def run_environment(device: str | None = None, cpu_core: bool = False) -> dict[str, str]:
+def run_environment(run: Run, device: str | None = None, cpu_core: bool = False) -> dict[str, str]:
     """The environment of a run's process: on a GPU its CUDA_VISIBLE_DEVICES; pinned to a CPU core, XLA single-
-    threaded (the pinning itself is taskset's)."""
+    threaded (the pinning itself is taskset's).
+
+    The protocol's runs share one cache of compiled programs (the folder .xla_cache beside their logs, which the
+    OUT_DIR/*/ of the results tools' commands does not match; JAX_COMPILATION_CACHE_DIR names another): a method's
+    seeds run the same programs, so only its first seed compiles them (on a CPU core ~50 s of a miniature BabyAI
+    seed's start). A cached program is the same executable, so the results do not change; an entry that a run reads
+    while another still writes it is compiled again (JAX warns)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(run.log.parent / ".xla_cache"))
+    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # also the many small programs of the start
     if device is not None and cpu_core:
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + SINGLE_THREADED).strip()
     elif device is not None:
@@ -101,7 +109,7 @@ class TrainingJob(submitit.helpers.Checkpointable):
             command = self.run.launch_command()
             print(f"[job {os.environ.get('SLURM_JOB_ID', '?')} restart {os.environ.get('SLURM_RESTART_COUNT', 0)}] "
                   f"{shlex.join(command)}", file=log, flush=True)
-            self.child = subprocess.Popen(command, cwd=ROOT, env=run_environment(), stdout=log,
+            self.child = subprocess.Popen(command, cwd=ROOT, env=run_environment(self.run), stdout=log,
                                           stderr=subprocess.STDOUT, preexec_fn=_ignore_preemption_signal)
             while self.child.poll() is None:  # (a signal handler may interrupt this loop; see checkpoint)
                 time.sleep(1.0)
@@ -222,7 +230,7 @@ class LocalProcess:
         where = f" on {'core' if cpu_core else 'device'} {device}" if device is not None else ""
         print(f"[protocol] {time.strftime('%H:%M:%S')} {run.name}{where}: {shlex.join(command)}", flush=True)
         self.log = run.log.open("a")
-        self.process = subprocess.Popen(command, cwd=ROOT, env=run_environment(device, cpu_core),
+        self.process = subprocess.Popen(command, cwd=ROOT, env=run_environment(run, device, cpu_core),
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         start_new_session=True)  # Ctrl-C reaches it through us, once
         self.copier = threading.Thread(target=self._copy, daemon=True)

@@ -1,6 +1,7 @@
 """results/analyze.py on tiny trained runs: its episodes are the scripts' own evaluation episodes (GPI and not), its
 records are consistent with the env, Table A is computed as stated, and bad input stops with one line."""
 
+import csv
 import dataclasses
 from pathlib import Path
 
@@ -106,6 +107,14 @@ def test_analysis_writes_table_a_heatmaps_and_module_activity(runs, tmp_path, ca
     for name in ("pickup_heatmaps.png", "module_activity.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "seeds [1, 2]" in capsys.readouterr().out
+    # per_seed.csv: Table A per seed on every task; every seed has as many transitions, so the mean of the seeds'
+    # means is the table's mean over all of them
+    per_seed = list(csv.DictReader((out / "per_seed.csv").open()))
+    assert len(per_seed) == 3 * 2 * len(TASKS) and {r["split"] for r in per_seed} == {"train", "test"}
+    assert all(r["abs_error"] == "" for r in per_seed if r["method"] != "MSFA")
+    cell = next(line for line in rows if line.startswith("| 1,1,1,1 |")).split("|")[2].split("±")[0]
+    msfa = [float(r["abs_error"]) for r in per_seed if r["method"] == "MSFA" and r["task"] == "1,1,1,1"]
+    assert len(msfa) == 2 and abs(np.mean(msfa) - float(cell)) < 1e-4
 
 
 @pytest.mark.parametrize("overrides, message", [

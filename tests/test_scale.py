@@ -113,6 +113,18 @@ def test_the_protocol_stops_cleanly_at_max_minutes_or_ctrl_c_and_resumes(tmp_pat
     assert summary["a"]["complete"] and summary["b"]["complete"]
 
 
+def test_the_runs_share_one_cache_of_compiled_programs_unless_one_is_named(tmp_path, monkeypatch):
+    from results.jobs import Run, run_environment
+
+    run = Run("msfa/seed2", ["python", "msfa_babyai.py"], tmp_path / "msfa" / "seed2", tmp_path / "msfa.seed2.log")
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    env = run_environment(run, "1", cpu_core=True)
+    assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / ".xla_cache")  # beside the logs, not one of OUT_DIR/*/
+    assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
+    assert run_environment(run)["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "mine")
+
+
 def test_on_a_cpu_each_seed_trains_in_its_own_pinned_process_and_the_seeds_are_merged(tmp_path, monkeypatch):
     """The CPU's default (seeds_apart): every (method, seed) is a single-seed run in OUT_DIR/<method>/seed<k>/,
     pinned to one of the cores with XLA single-threaded, as many at once as cores; when a method's seeds are all

@@ -1,0 +1,198 @@
+"""The paper's BabyAI claims on one protocol's runs: a table per method and the paper's comparisons, each with a 95%
+interval over seeds.
+
+    python -m results.claims OUT_DIR [--out OUT_DIR/claims.md]
+
+OUT_DIR is a BabyAI protocol's folder (results.protocol): one folder per method, named as the protocol names them
+(msfa, usfa_learned, usfa, uvfa_farm, msfa_entangled_psi, ..., uvfa, mvfa), each a run of every seed with its
+eval.csv and, for the methods with learned cumulants, analysis/per_seed.csv (results.analyze writes it; the protocol
+runs the analysis at its end). Methods that are missing are left out of the table, and so are the comparisons that
+need them.
+
+Per seed, at each run's last evaluation: the greedy return on the train tasks without GPI, on the test tasks with GPI
+(the SF methods) and without, each the mean over the split's tasks of eval.csv's return_mean; and Table A's
+reward-prediction error |phi . w - r| of the learned cumulants, the mean over the split's tasks of per_seed.csv's
+per-task means (the episodes of the agent's own evaluation policy). A cell is the mean over seeds and its 95%
+percentile-bootstrap interval (scipy.stats.bootstrap, 10,000 resamples of the seeds, a fixed PRNG seed).
+
+A comparison is the difference of two such means, A - B, with its interval: seeds resampled within each method apart
+(different methods' seeds are independent runs), or together where both sides are the same seeds (GPI against no GPI
+of one method). It "holds" where the interval lies wholly on the paper's side of 0, is "reversed" where it lies
+wholly on the other, and is "not resolved" where it holds 0. USFA with the env's cumulants has no side: it is the
+reference an SF method can reach.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tyro
+from scipy import stats
+
+from common.envs.babyai import TEST_TASKS, TRAIN_TASKS
+from common.run import exit_on_config_error, format_task, require
+from results import references
+from results.contract import run_label
+from results.summarize import babyai_room
+
+MEASURES = {  # name: (column title, what it reads)
+    "train": "train, no GPI",
+    "test_gpi": "test, GPI",
+    "test": "test, no GPI",
+    "error_train": "Table A error, train",
+    "error_test": "Table A error, test",
+}
+COMPARISONS = (  # (claim, A, its measure, B, its measure, the paper's side of A - B: +1, -1, or 0 for a reference)
+    ("MSFA beats USFA with learned cumulants on the test tasks (GPI)", "msfa", "test_gpi", "usfa_learned",
+     "test_gpi", +1),
+    ("MSFA beats its entangled-psi ablation (test, GPI)", "msfa", "test_gpi", "msfa_entangled_psi", "test_gpi", +1),
+    ("MSFA beats its entangled-phi ablation (test, GPI)", "msfa", "test_gpi", "msfa_entangled_phi", "test_gpi", +1),
+    ("MSFA beats its entangled-psi-and-phi ablation (test, GPI)", "msfa", "test_gpi", "msfa_entangled_both",
+     "test_gpi", +1),
+    ("GPI helps MSFA on the test tasks", "msfa", "test_gpi", "msfa", "test", +1),
+    ("GPI helps USFA with learned cumulants on the test tasks", "usfa_learned", "test_gpi", "usfa_learned", "test",
+     +1),
+    ("MSFA (GPI) beats UVFA-FARM on the test tasks", "msfa", "test_gpi", "uvfa_farm", "test", +1),
+    ("MSFA's cumulants predict the test reward better than USFA-learned's (Table A)", "msfa", "error_test",
+     "usfa_learned", "error_test", -1),
+    ("MSFA against USFA with the env's cumulants, the reference (test, GPI)", "msfa", "test_gpi", "usfa",
+     "test_gpi", 0),
+)
+RESAMPLES = 10_000
+
+
+@dataclass
+class Args:
+    out_dir: tyro.conf.Positional[str]
+    """a BabyAI protocol's folder: one run folder per method (msfa, usfa_learned, ...)"""
+    out: str | None = None
+    """where to write the markdown (default OUT_DIR/claims.md)"""
+
+
+def per_seed_measures(run_dir: Path) -> tuple[int, dict[str, dict[int, float]]]:
+    """A method's last evaluated step and {measure: {seed: value}} (module doc)."""
+    with (run_dir / "eval.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    require(bool(rows), f"{run_dir / 'eval.csv'} has no evaluation yet")
+    step = max(int(r["step"]) for r in rows)
+    train, test = {format_task(w) for w in TRAIN_TASKS}, {format_task(w) for w in TEST_TASKS}
+    values: dict[str, dict[int, list]] = {}
+    for r in rows:
+        if int(r["step"]) != step:
+            continue
+        split = {"train": train, "test": test}[r["split"]]
+        require(r["task"] in split, f"{run_dir / 'eval.csv'}: task {r['task']} is not one of the paper's "
+                                    f"{r['split']} tasks; results.claims reads the paper's BabyAI protocol")
+        name = {("train", "0"): "train", ("test", "1"): "test_gpi", ("test", "0"): "test"}.get((r["split"], r["gpi"]))
+        if name:
+            values.setdefault(name, {}).setdefault(int(r["seed"]), []).append(float(r["return_mean"]))
+    analysis = run_dir / "analysis" / "per_seed.csv"
+    if analysis.exists():
+        with analysis.open() as f:
+            for r in csv.DictReader(f):
+                if r["abs_error"]:
+                    values.setdefault(f"error_{r['split']}", {}).setdefault(int(r["seed"]), []).append(
+                        float(r["abs_error"]))
+    return step, {name: {seed: float(np.mean(v)) for seed, v in sorted(by_seed.items())}
+                  for name, by_seed in values.items()}
+
+
+def interval(*samples: np.ndarray, paired: bool = False) -> tuple[float, float, float]:
+    """The mean of one sample (or the difference of two samples' means) and its 95% percentile-bootstrap interval;
+    (mean, nan, nan) where a sample has a single seed."""
+    def statistic(*x, axis=-1):
+        return np.mean(x[0], axis) - (np.mean(x[1], axis) if len(x) > 1 else 0.0)
+
+    point = float(statistic(*samples))
+    if min(len(s) for s in samples) < 2:
+        return point, float("nan"), float("nan")
+    ci = stats.bootstrap(samples, statistic, paired=paired, vectorized=True, n_resamples=RESAMPLES,
+                         confidence_level=0.95, method="percentile", rng=np.random.default_rng(0)).confidence_interval
+    return point, float(ci.low), float(ci.high)
+
+
+def cell(mean: float, low: float, high: float, digits: int = 2) -> str:
+    if np.isnan(low):
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def verdict(low: float, high: float, side: int) -> str:
+    if side == 0:
+        return "reference"
+    if np.isnan(low):
+        return "not resolved (one seed)"
+    if (low > 0 if side > 0 else high < 0):
+        return "holds"
+    if (high < 0 if side > 0 else low > 0):
+        return "reversed"
+    return "not resolved"
+
+
+def reference_rows(run_dir: Path) -> list[str]:
+    """The BFS oracle's and random play's rows (stored references of the runs' room), where they are stored."""
+    entry = references.stored("babyai", references.room_setting(babyai_room(run_dir)))
+    if entry is None:
+        return []
+    rows = []
+    for policy in references.POLICIES["babyai"]:
+        returns = entry["returns"][policy]
+        train = np.mean([returns[format_task(w)]["mean"] for w in TRAIN_TASKS])
+        test = np.mean([returns[format_task(w)]["mean"] for w in TEST_TASKS])
+        rows.append(f"| {policy} ({entry['episodes']} episodes per task) | - | - | {train:.2f} | {test:.2f} | "
+                    f"{test:.2f} | - | - |")
+    return rows
+
+
+def claims(out_dir: Path) -> list[str]:
+    runs = {d.name: d for d in sorted(out_dir.iterdir()) if (d / "eval.csv").exists()}
+    require(bool(runs), f"{out_dir} holds no run folder with an eval.csv; pass a protocol's folder")
+    measured = {name: per_seed_measures(d) for name, d in runs.items()}
+    labels = {name: run_label(json.loads((d / "config.json").read_text()), name) for name, d in runs.items()}
+    lines = ["## Per method", "",
+             "At each run's last evaluation; per seed the mean over the split's tasks, then the mean over seeds "
+             "[95% bootstrap interval over seeds]. Returns are greedy episodes' (eval.csv); Table A's error is "
+             "the reward-prediction error mean abs(phi . w - r) of the learned cumulants (analysis/per_seed.csv).", "",
+             "| method | seeds | step | " + " | ".join(MEASURES.values()) + " |",
+             "|---|---:|---:|" + "---:|" * len(MEASURES)]
+    for name, (step, values) in measured.items():
+        seeds = len(values.get("train", {}))
+        cells = [cell(*interval(np.array(list(values[m].values()))), digits=3 if m.startswith("error") else 2)
+                 if m in values else "-" for m in MEASURES]
+        lines.append(f"| {labels[name]} | {seeds} | {step:,} | " + " | ".join(cells) + " |")
+    lines += reference_rows(next(iter(runs.values())))
+    lines += ["", "## The paper's comparisons", "",
+              "A - B: the difference of the means over seeds [95% bootstrap interval]; holds where the interval lies "
+              "on the paper's side of 0.", "",
+              "| claim | A | B | A - B | outcome |", "|---|---|---|---:|---|"]
+    for claim, a, measure_a, b, measure_b, side in COMPARISONS:
+        if a not in measured or b not in measured or measure_a not in measured[a][1] or measure_b not in measured[b][1]:
+            continue
+        x, y = measured[a][1][measure_a], measured[b][1][measure_b]
+        paired = a == b
+        if paired:
+            require(x.keys() == y.keys(), f"{runs[a]}: the seeds of {measure_a} and {measure_b} differ")
+        digits = 3 if measure_a.startswith("error") else 2
+        mean, low, high = interval(np.array(list(x.values())), np.array(list(y.values())), paired=paired)
+        lines.append(f"| {claim} | {labels[a]}: {MEASURES[measure_a]} | {labels[b]}: {MEASURES[measure_b]} | "
+                     f"{cell(mean, low, high, digits)} | {verdict(low, high, side)} |")
+    return lines
+
+
+@exit_on_config_error
+def main(args: Args) -> None:
+    out_dir = Path(args.out_dir)
+    require(out_dir.is_dir(), f"{out_dir} is not a folder; pass a BabyAI protocol's folder")
+    lines = [f"# The paper's claims on {out_dir}", "", *claims(out_dir), ""]
+    out = Path(args.out) if args.out else out_dir / "claims.md"
+    out.write_text("\n".join(lines))
+    print("\n".join(lines))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
