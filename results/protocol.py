@@ -23,10 +23,12 @@ prefixed with the method. A method whose eval.csv reaches its protocol's last st
 that stopped (Ctrl-C, --max-minutes, a crash) resumes from its checkpoint. Ctrl-C or SIGTERM stops every run cleanly
 (each checkpoints first); `--resume OUT_DIR` then continues with the same settings (OUT_DIR/protocol.json).
 
-At the end, results.analyze plays every method's saved agents where an analysis exists for the env (BabyAI: the
-reward-prediction table, the cumulants' quality), into OUT_DIR/<method>/analysis/; OUT_DIR/summary.json records the
-device and, per method, the env steps reached, the share of the protocol, the wall time and the exit status. Figures
-and tables: `python -m results.plot OUT_DIR/<method>` and `python -m results.summarize OUT_DIR/*/`.
+As each method completes (on SLURM: at the end), results.analyze plays its saved agents where an analysis exists for
+the env (BabyAI: the reward-prediction table, the cumulants' quality), into OUT_DIR/<method>/analysis/, once;
+OUT_DIR/summary.json records the device and, per method, the env steps reached, the share of the protocol, the wall
+time and the exit status. Figures and tables: `python -m results.plot OUT_DIR/<method>` and `python -m
+results.summarize OUT_DIR/*/`. `python -m results.export OUT_DIR DEST` copies what is small enough to commit (no
+checkpoints), a folder in which `--resume` continues the protocol: its complete runs are kept, the others start over.
 
 Memory: one method's runs hold --seeds replays (docs/scale.md gives the bytes per seed); for Fruitbot the seeds default
 to as many as fit the device by each script's replay_bytes (at most 10: a replay of game states, 0.33-0.39 GiB per
@@ -249,8 +251,8 @@ def training_runs(args: Args, names: list[str]) -> list[Run]:
 def merge_seeds(args: Args, name: str) -> bool:
     """With seeds_apart: once every seed's run of a method is complete, OUT_DIR/<method>/ gets them as one run of
     all its seeds (the first seed's config.json with num_seeds set; every seed's metrics.csv and eval.csv rows; their
-    parameter files, hard-linked), so that the results tools read it as they read a run of vmapped seeds. Returns
-    whether the method is complete."""
+    parameter files, hard-linked, .eqx or the compact .eqz of results.export), so that the results tools read it as
+    they read a run of vmapped seeds. Returns whether the method is complete."""
     out = Path(args.out_dir) / name
     seed_dirs = [Path(args.out_dir) / job for job, _, _ in jobs(args, name)]
     if complete(out) or not all(complete(d) for d in seed_dirs):
@@ -260,7 +262,7 @@ def merge_seeds(args: Args, name: str) -> bool:
         rows = sorted((r for p in parts for r in p[1:]), key=lambda r: tuple(int(x) for x in r.split(",")[:2]))
         (out / table).write_text("\n".join([parts[0][0], *rows]) + "\n")
     for d in seed_dirs:
-        for params in d.glob("params_seed*.eqx"):
+        for params in saved_agents(d):
             (out / params.name).unlink(missing_ok=True)
             os.link(params, out / params.name)
     config = json.loads((seed_dirs[0] / "config.json").read_text())
@@ -278,15 +280,30 @@ def method_progress(args: Args, name: str) -> tuple[int, int | None]:
     return min(r[0] for r in reached), next((r[1] for r in reached if r[1]), None)
 
 
+def saved_agents(run_dir: Path) -> list[Path]:
+    """A run's parameter files: params_seed<N>.eqx as written, or .eqz as results.export carries them."""
+    return sorted([*run_dir.glob("params_seed*.eqx"), *run_dir.glob("params_seed*.eqz")])
+
+
+def analyzed(run_dir: Path) -> bool:
+    """results.analyze finished on this method (it writes per_seed.csv once every seed was played)."""
+    return (run_dir / "analysis" / "per_seed.csv").exists()
+
+
 def analyze(args: Args, names: list[str]) -> dict[str, str]:
-    """results.analyze of each method's saved agents into OUT_DIR/<method>/analysis/ (where the env has one)."""
+    """results.analyze of each method's saved agents into OUT_DIR/<method>/analysis/ (where the env has one), once:
+    a complete method's agents do not change, so a method analysed before (as soon as its seeds merged) is not played
+    again, and its agents need not be kept for the protocol's end (results.export carries the analysis alone)."""
     outcome = {}
     for name in names:
         run_dir = Path(args.out_dir) / name
         if env_name(args) not in ANALYSES:
             outcome[name] = f"none for {env_name(args)}"
             continue
-        if not list(run_dir.glob("params_seed*.eqx")):
+        if analyzed(run_dir):
+            outcome[name] = "ok"
+            continue
+        if not saved_agents(run_dir):
             outcome[name] = "no saved agents"
             continue
         command = [sys.executable, "-m", "results.analyze", str(run_dir), "--out", str(run_dir / "analysis"),
@@ -492,8 +509,10 @@ def run_here(args: Args) -> None:
         write_jobs(out, record)
 
     def finished(name: str) -> None:
-        if args.seeds_apart:
-            merge_seeds(args, name.split("/")[0])
+        method = name.split("/")[0]
+        done = merge_seeds(args, method) if args.seeds_apart else complete(out / method)
+        if done and not runner.stopped:
+            analyze(args, [method])  # now, while its agents are here (a session may end before the protocol does)
 
     runner = LocalRunner(slots, bool(args.seeds_apart), deadline, started, finished)
     left = runner.run(queue, args.max_minutes)

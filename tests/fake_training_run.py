@@ -59,7 +59,7 @@ while step < args.total_timesteps:
         with (run / "eval.csv").open("a") as f:
             f.write("".join(f"{step},{seed}\n" for seed in seeds))
         for seed in seeds:
-            (run / f"params_seed{seed}.eqx").write_bytes(bytes(10))
+            (run / f"params_seed{seed}.eqx").write_bytes(b"{}\n" + bytes(10))  # a JSON header line, as real ones
     if stop:
         raise SystemExit(128 + stop[0])
     if out_of_time:

@@ -6,6 +6,7 @@ whose timeline does not depend on this machine's speed."""
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -151,6 +152,68 @@ def test_on_a_cpu_each_seed_trains_in_its_own_pinned_process_and_the_seeds_are_m
     assert len({json.loads((out / "a" / f"seed{k}" / "config.json").read_text())["cores"][0] for k in (1, 2)}) == 2
     protocol.main(protocol.Args(str(out), resume=True, devices=("0", "1")))
     assert "seed_runs" in read_summary(out)["methods"]["a"] and not read_summary(out)["methods"]["a"]["seed_runs"]
+
+
+def test_a_protocol_stopped_part_way_is_exported_without_checkpoints_and_continues_from_the_export(
+        tmp_path, monkeypatch, capsys):
+    """Each method is analysed once, as soon as its seeds merge (not again at the end or on --resume). results.export
+    of a protocol stopped part way (method a complete, b with seed 1 complete and seed 2 not) carries a's results and
+    analysis (its agents only when asked), b's complete seed with its agent compacted, and no checkpoint; a copy of
+    the export resumes: b's seed 2 trains from scratch, seed 1 is kept, b merges and is analysed; exported again, the
+    carried seed and the agents not asked for are gone."""
+    from results.compact import decompress
+    from results.export import export
+
+    fake_methods(monkeypatch, a="--total-timesteps 2", b="--total-timesteps 2")
+    monkeypatch.setattr(protocol, "ANALYSES", ("babyai",))
+    analysed = []
+
+    def fake_analysis(command, **kwargs):  # stands in for `python -m results.analyze RUN_DIR --out RUN_DIR/analysis`
+        analysed.append(Path(command[3]).name)
+        Path(command[5]).mkdir(parents=True, exist_ok=True)
+        (Path(command[5]) / "per_seed.csv").write_text("method,seed\n")
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(protocol.subprocess, "run", fake_analysis)
+    out = tmp_path / "protocol"
+    protocol.main(protocol.Args(str(out), env="babyai", seeds=2, devices=("0", "1"), analysis_episodes=1))
+    assert analysed == ["a", "b"] and read_summary(out)["methods"]["b"]["analysis"] == "ok"
+    for name in ("config.json", "metrics.csv", "eval.csv", "analysis"):  # b as if stopped during its seed 2
+        shutil.rmtree(out / "b" / name) if name == "analysis" else (out / "b" / name).unlink()
+    for params in (out / "b").glob("params_seed*.eqx"):
+        params.unlink()
+    eval_csv = out / "b" / "seed2" / "eval.csv"
+    eval_csv.write_text(eval_csv.read_text().splitlines()[0] + "\n")
+
+    dest = tmp_path / "exported"
+    export(out, dest, agents=("a",))
+    files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert files == ["a/analysis/per_seed.csv", "a/config.json", "a/eval.csv", "a/metrics.csv", "a/params_seed1.eqz",
+                     "a/params_seed2.eqz", "b/seed1/config.json", "b/seed1/eval.csv", "b/seed1/metrics.csv",
+                     "b/seed1/params_seed1.eqz", "protocol.json", "summary.json"]
+    assert decompress((dest / "a" / "params_seed2.eqz").read_bytes()) == (out / "a" / "params_seed2.eqx").read_bytes()
+    assert "left out" in capsys.readouterr().out
+
+    again = tmp_path / "continued"
+    shutil.copytree(dest, again)
+    analysed.clear()
+    protocol.main(protocol.Args(str(again), resume=True, devices=("0", "1")))
+    summary = read_summary(again)["methods"]
+    assert summary["a"]["complete"] and summary["b"]["complete"] and analysed == ["b"]
+    assert set(summary["b"]["seed_runs"]) == {"b/seed2"}  # seed 1 came complete; seed 2 started over
+    assert "resumes" not in json.loads((again / "b" / "seed2" / "config.json").read_text())
+    assert sorted(p.name for p in (again / "b").glob("params_seed*")) == ["params_seed1.eqz", "params_seed2.eqx"]
+    assert (again / "b" / "metrics.csv").read_text().count("\n") == 1 + 2 * 2  # both seeds' rows, merged
+
+    export(again, dest)
+    files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert files == ["a/analysis/per_seed.csv", "a/config.json", "a/eval.csv", "a/metrics.csv",
+                     "b/analysis/per_seed.csv", "b/config.json", "b/eval.csv", "b/metrics.csv", "protocol.json",
+                     "summary.json"]
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="holds no exported protocol"):
+        export(out, tmp_path / "other")
 
 
 def test_the_protocol_refuses_bad_input_with_one_line(tmp_path, monkeypatch, capsys):

@@ -1,0 +1,145 @@
+"""A protocol folder's results, small enough to commit and complete enough to continue the protocol from.
+
+    python -m results.export OUT_DIR DEST                     # the results and what --resume needs to go on
+    python -m results.export OUT_DIR DEST --agents msfa usfa  # and these complete methods' agents, compacted
+
+A protocol folder (results.protocol) holds, beside its results, what only a running protocol needs: each run's
+checkpoint (its replay, from tens of MB at the miniature's settings to GBs at the paper's), TensorBoard files, the
+logs and the cache of compiled programs. DEST gets the rest:
+
+- protocol.json (the settings `--resume` keeps), summary.json, claims.md (results.claims) and figures/;
+- each complete method: config.json, metrics.csv, eval.csv and analysis/ (results.analyze, which the protocol runs as
+  soon as a method completes); its parameter files in results.compact's form (.eqz) if --agents names it, or if
+  its analysis has not run yet (the protocol's end plays them);
+- each complete seed of a method that was trained seed by seed and is not complete yet: the seed's config.json,
+  metrics.csv, eval.csv and its agent (.eqz), which the method's analysis plays once its other seeds are done.
+
+Runs that are not complete are left out (all they have to continue from is their checkpoint): in a copy of DEST they
+start over. So a protocol stopped part way on one machine continues on another, or in a later session, from its
+exported results: `cp -r DEST OUT && python -m results.protocol OUT --resume` trains what is missing, then merges,
+analyses and summarises as it would have without the stop.
+
+DEST is new, or an earlier export of the same protocol (its protocol.json), which is brought up to date: the files
+an export writes are rewritten, the carried seeds of methods that have since completed are removed, and the agents
+of methods not named in --agents are removed. Other files there (a README, say) are left alone."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import tyro
+
+from common.run import exit_on_config_error, require
+from results.compact import compress
+from results.protocol import ANALYSES, analyzed, complete, saved_agents
+
+TOP_FILES = ("protocol.json", "summary.json", "claims.md")
+TOP_FOLDERS = ("figures",)
+RUN_FILES = ("config.json", "metrics.csv", "eval.csv")
+
+
+@dataclass
+class Args:
+    out_dir: tyro.conf.Positional[str]
+    """the protocol's folder (results.protocol OUT_DIR)"""
+    dest: tyro.conf.Positional[str]
+    """where the results go: a new folder, or an earlier export of this protocol"""
+    agents: tuple[str, ...] = ()
+    """complete methods whose agents (every seed's parameters, compacted) go too; the analysis needs none of them"""
+
+
+def copy_agents(run: Path, dest: Path) -> list[Path]:
+    """The run's parameter files into dest as .eqz (a .eqx is compacted; an .eqz is copied as it is); the other
+    parameter files dest held are removed. Returns the files written."""
+    written = []
+    for params in saved_agents(run):
+        data = params.read_bytes()
+        target = dest / f"{params.stem}.eqz"
+        target.write_bytes(data if params.suffix == ".eqz" else compress(data))
+        written.append(target)
+    for stale in set(saved_agents(dest)) - set(written):
+        stale.unlink()
+    return written
+
+
+def copy_run(run: Path, dest: Path, with_agents: bool) -> list[Path]:
+    """A complete run's results (and its agents if asked) into dest."""
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in RUN_FILES:
+        shutil.copyfile(run / name, dest / name)
+        written.append(dest / name)
+    if (run / "analysis").is_dir():
+        shutil.copytree(run / "analysis", dest / "analysis", dirs_exist_ok=True)
+        written.extend(p for p in (dest / "analysis").rglob("*") if p.is_file())
+    if with_agents:
+        written.extend(copy_agents(run, dest))
+    else:
+        for stale in saved_agents(dest):
+            stale.unlink()
+    return written
+
+
+def export(out: Path, dest: Path, agents: tuple[str, ...] = ()) -> dict[str, list[Path]]:
+    """Copies the protocol in `out` into `dest` as the module docstring says. Returns, per method, the files written
+    ("" for the protocol's own); prints what was left out."""
+    require((out / "protocol.json").exists(), f"{out} holds no protocol (no protocol.json); pass the folder given to "
+                                              "results.protocol")
+    settings = json.loads((out / "protocol.json").read_text())
+    require(not set(agents) - set(settings["methods"]), f"--agents: {sorted(set(agents) - set(settings['methods']))} "
+                                                        f"are not methods of this protocol ({settings['methods']})")
+    if dest.exists() and any(dest.iterdir()):
+        require((dest / "protocol.json").exists(), f"{dest} is not empty and holds no exported protocol; pass a new "
+                                                   "folder or an earlier export of this protocol")
+        require(json.loads((dest / "protocol.json").read_text()) == settings,
+                f"{dest} holds the export of another protocol (its protocol.json differs); pass a new folder")
+    dest.mkdir(parents=True, exist_ok=True)
+    written: dict[str, list[Path]] = {"": []}
+    for name in TOP_FILES:
+        if (out / name).exists():
+            shutil.copyfile(out / name, dest / name)
+            written[""].append(dest / name)
+    for name in TOP_FOLDERS:
+        if (out / name).is_dir():
+            shutil.copytree(out / name, dest / name, dirs_exist_ok=True)
+            written[""].extend(p for p in (dest / name).rglob("*") if p.is_file())
+    for method in settings["methods"]:
+        run, target = out / method, dest / method
+        seed_runs = sorted(run.glob("seed*/")) if settings.get("seeds_apart") else []
+        if complete(run):
+            require(not (method in agents and not saved_agents(run)), f"--agents: {run} holds no parameter files")
+            unplayed = settings["env"] in ANALYSES and not analyzed(run)  # the protocol's end still plays its agents
+            written[method] = copy_run(run, target, method in agents or unplayed)
+            for carried in sorted(target.glob("seed*/")):
+                shutil.rmtree(carried)
+            continue
+        require(method not in agents, f"--agents: {method} is not complete; its seeds' agents go with it as they "
+                                      "complete")
+        written[method] = []
+        for seed_run in seed_runs:
+            if complete(seed_run):
+                written[method].extend(copy_run(seed_run, target / seed_run.name, with_agents=True))
+            else:
+                print(f"[export] left out {seed_run} (not complete: it starts over when the protocol resumes)")
+        if not seed_runs and run.exists():
+            print(f"[export] left out {run} (not complete: it starts over when the protocol resumes)")
+    return written
+
+
+@exit_on_config_error
+def main(args: Args) -> None:
+    written = export(Path(args.out_dir), Path(args.dest), args.agents)
+    total = sum(p.stat().st_size for files in written.values() for p in files)
+    for method, files in written.items():
+        if method:
+            seeds = sorted({p.parent.name for p in files if p.parent.name.startswith("seed")})
+            what = f"complete seeds {', '.join(seeds)}" if seeds else ("complete" if files else "nothing yet")
+            print(f"[export] {method}: {what} ({sum(p.stat().st_size for p in files) / 1e6:.2f} MB)")
+    print(f"[export] {args.dest}: {sum(map(len, written.values()))} files, {total / 1e6:.2f} MB")
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
