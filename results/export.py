@@ -134,10 +134,14 @@ def main(args: Args) -> None:
     written = export(Path(args.out_dir), Path(args.dest), args.agents)
     total = sum(p.stat().st_size for files in written.values() for p in files)
     for method, files in written.items():
-        if method:
-            seeds = sorted({p.parent.name for p in files if p.parent.name.startswith("seed")})
-            what = f"complete seeds {', '.join(seeds)}" if seeds else ("complete" if files else "nothing yet")
+        if method and files:
+            seeds = sorted({p.parent.name for p in files if p.parent.name.startswith("seed")},
+                           key=lambda name: int(name.removeprefix("seed")))
+            what = f"complete seeds {', '.join(seeds)}" if seeds else "complete"
             print(f"[export] {method}: {what} ({sum(p.stat().st_size for p in files) / 1e6:.2f} MB)")
+    nothing = [method for method, files in written.items() if method and not files]
+    if nothing:
+        print(f"[export] nothing complete yet: {', '.join(nothing)}")
     print(f"[export] {args.dest}: {sum(map(len, written.values()))} files, {total / 1e6:.2f} MB")
 
 
