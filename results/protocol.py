@@ -512,7 +512,7 @@ def run_here(args: Args) -> None:
         method = name.split("/")[0]
         done = merge_seeds(args, method) if args.seeds_apart else complete(out / method)
         if done and not runner.stopped:
-            analyze(args, [method])  # now, while its agents are here (a session may end before the protocol does)
+            analyze(args, [method])  # now, while its agents are here: results.export need not carry them after
 
     runner = LocalRunner(slots, bool(args.seeds_apart), deadline, started, finished)
     left = runner.run(queue, args.max_minutes)
