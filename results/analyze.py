@@ -1,6 +1,7 @@
 """The paper's analyses of saved agents: Table A, cumulant quality, pickup heatmaps and module activity.
 
     python -m results.analyze RUN_DIR [RUN_DIR ...] --out results/babyai/analysis [--episodes 40] [--gpi on]
+    python -m results.analyze --records A/analysis B/analysis --out DIR   # seeds played apart, reported together
 
 Each RUN_DIR holds params_seed<N>.eqx files (written at every evaluation; results/evaluate.py loads them). For every
 run and seed this plays greedy episodes of every train and test task with the agent's own evaluation policy (GPI over
@@ -19,6 +20,12 @@ value, and writes to --out:
 - module_activity.png: one episode of --activity-task per SF run (seed 1 or its first): each module's contribution
   sum_{c in module k} psi_c(s, a, z*) w_c to the value of the chosen action a (z* the policy GPI chose), against the
   pickups of each category.
+- records.json: per seed, what all of the above is made of, as sums over its transitions (a few kB per seed).
+
+Every table is computed from the records, and a seed's record depends on that seed alone (its episodes' keys are
+--seed folded with the agent's seed), so seeds played apart and reported together (--records: the folders of
+earlier analyses) give the analysis of playing them together. results.protocol plays each seed as it completes and
+reports a method from its seeds' records, so a method's agents are not needed once its seeds are played.
 
 The learned cumulant of transition t is phi(h_{t+1}, h_t); the last transition of an episode has no h_{t+1} (the
 env resets at the time limit before the final view is seen), so the statistics use the first T-1 transitions.
@@ -27,6 +34,7 @@ env resets at the time limit before the final view is seen), so the statistics u
 from __future__ import annotations
 
 import csv
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,14 +59,18 @@ PAPER_TABLE_A = {  # the paper's Table A: task -> (MSFA, USFA-learned-phi), mean
     "-1,1,0,1": ((0.0014, 0.0264), (0.0652, 0.2470)),
 }
 CATEGORIES = [f"{color} {kind}" for kind, color in CATEGORY_KINDS]
+TEST_NAMES = {format_task(w) for w in TEST_TASKS}
 
 
 @dataclass
 class Args:
-    run_dirs: tyro.conf.Positional[tuple[str, ...]]
+    run_dirs: tyro.conf.Positional[tuple[str, ...]] = ()
     """run directories holding params_seed<N>.eqx files (e.g. MSFA's and USFA-learned's)"""
+    records: tuple[str, ...] = ()
+    """folders of earlier analyses (their records.json) to report with the runs played now: a method's seeds,
+    each played apart, are one run"""
     out: str = "analysis"
-    """folder for analysis.md, per_seed.csv, pickup_heatmaps.png and module_activity.png"""
+    """folder for analysis.md, per_seed.csv, records.json, pickup_heatmaps.png and module_activity.png"""
     episodes: int = 40
     """greedy episodes per task and seed (the paper's Table A: 40)"""
     gpi: str = "on"
@@ -154,65 +166,80 @@ def prediction_errors(trace: dict, tasks: np.ndarray) -> tuple[np.ndarray, np.nd
     return np.abs(error).reshape(len(tasks), -1), (error**2).reshape(len(tasks), -1)
 
 
-def mean_std(x: np.ndarray) -> str:
-    return f"{x.mean():.4f} ± {x.std():.4f}"
+def seed_record(agent: Agent, trace: dict, tasks: np.ndarray, use_gpi: bool, activity: dict | None) -> dict:
+    """One seed's episodes as the report needs them, ready for JSON: per task the mean return and the mean pickups of
+    each category per episode; with learned cumulants, per task the sums over its transitions of |phi . w - r|,
+    (phi . w - r)^2 and its square (from which Table A's mean and std pool over seeds), and cumulant_stats' sums over
+    every task's transitions; for SF runs, the module-activity episode (the first seed played of a run)."""
+    record = {"method": agent.method, "run": agent.run, "seed": agent.seed, "step": agent.step, "gpi": bool(use_gpi),
+              "episodes": int(trace["reward"].shape[1]), "tasks": [format_task(w) for w in tasks],
+              "returns": trace["reward"].sum(-1).mean(-1).tolist(),
+              "pickups": trace["phi_env"].sum(2).mean(1).tolist(), "activity": activity}
+    if "phi" in trace:
+        absolute, squared = (e.astype(np.float64) for e in prediction_errors(trace, tasks))
+        valid = np.ones(trace["phi"].shape[:-1], bool)  # (the first T-1 transitions of every episode)
+        sums = np.asarray(cumulant_stats(trace["phi"], trace["phi_env"][:, :, :-1], valid), np.float64)
+        record["errors"] = {"transitions": absolute.shape[1], "abs": absolute.sum(1).tolist(),
+                            "sq": squared.sum(1).tolist(), "sq_sq": (squared**2).sum(1).tolist()}
+        record["cumulant_sums"] = sums.tolist()
+    return record
 
 
-def table_a(runs: dict[str, dict], tasks: np.ndarray) -> list[str]:
-    learned = [name for name, r in runs.items() if "phi" in r["traces"][0]]
+def pooled(records: list[dict], t: int, first: str, second: str) -> str:
+    """mean ± std over the transitions of task t of all the records' seeds, from the sums of x (first) and x^2."""
+    n = sum(r["errors"]["transitions"] for r in records)
+    mean = sum(r["errors"][first][t] for r in records) / n
+    square = sum(r["errors"][second][t] for r in records) / n
+    return f"{mean:.4f} ± {np.sqrt(max(square - mean**2, 0.0)):.4f}"
+
+
+def table_a(runs: dict[str, list[dict]], tasks: list[str]) -> list[str]:
+    learned = [name for name, records in runs.items() if "errors" in records[0]]
     if not learned:
         return ["(no run with learned cumulants: Table A needs MSFA or USFA --learned-cumulants)"]
-    test = [t for t, w in enumerate(tasks) if any(np.array_equal(w, x) for x in TEST_TASKS)]
+    test = [t for t, task in enumerate(tasks) if task in TEST_NAMES]
     lines = ["| task | " + " | ".join(f"{n}: abs. error | {n}: sq. error" for n in learned)
              + " | paper: MSFA | paper: USFA-learned |",
              "|---|" + "---:|---:|" * len(learned) + "---:|---:|"]
     for t in test:
         cells = []
         for name in learned:
-            pairs = [prediction_errors(trace, tasks) for trace in runs[name]["traces"]]
-            absolute = np.concatenate([a[t] for a, _ in pairs])
-            squared = np.concatenate([s[t] for _, s in pairs])
-            cells += [mean_std(absolute), mean_std(squared)]
-        paper = PAPER_TABLE_A.get(format_task(tasks[t]))
+            cells += [pooled(runs[name], t, "abs", "sq"), pooled(runs[name], t, "sq", "sq_sq")]
+        paper = PAPER_TABLE_A.get(tasks[t])
         paper_cells = [f"{m:.4f} ± {s:.4f}" for m, s in paper] if paper else ["-", "-"]
-        lines.append(f"| {format_task(tasks[t])} | " + " | ".join(cells + paper_cells) + " |")
+        lines.append(f"| {tasks[t]} | " + " | ".join(cells + paper_cells) + " |")
     return lines
 
 
 PER_SEED_FIELDS = ("method", "seed", "step", "gpi", "split", "task", "episodes", "return", "abs_error", "sq_error")
 
 
-def write_per_seed(runs: dict[str, dict], tasks: np.ndarray, path: Path) -> None:
+def write_per_seed(runs: dict[str, list[dict]], path: Path) -> None:
     """per_seed.csv: per method, seed and task, the mean return of the greedy episodes and, for learned cumulants,
     the mean |phi . w - r| and (phi . w - r)^2 over their transitions (Table A's errors per seed, on every task, so
     that intervals over seeds can be drawn: results.claims)."""
-    test = {format_task(w) for w in TEST_TASKS}
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, PER_SEED_FIELDS)
         writer.writeheader()
-        for name, r in runs.items():
-            for agent, trace in zip(r["agents"], r["traces"]):
-                errors = prediction_errors(trace, tasks) if "phi" in trace else None
-                for t, w in enumerate(tasks):
-                    task = format_task(w)
+        for name, records in runs.items():
+            for r in records:
+                errors = r.get("errors")
+                for t, task in enumerate(r["tasks"]):
                     writer.writerow({
-                        "method": name, "seed": agent.seed, "step": agent.step, "gpi": int(r["gpi"]),
-                        "split": "test" if task in test else "train", "task": task,
-                        "episodes": trace["reward"].shape[1], "return": f"{trace['reward'][t].sum(-1).mean():.6g}",
-                        "abs_error": "" if errors is None else f"{errors[0][t].mean():.6g}",
-                        "sq_error": "" if errors is None else f"{errors[1][t].mean():.6g}"})
+                        "method": name, "seed": r["seed"], "step": r["step"], "gpi": int(r["gpi"]),
+                        "split": "test" if task in TEST_NAMES else "train", "task": task, "episodes": r["episodes"],
+                        "return": f"{r['returns'][t]:.6g}",
+                        "abs_error": "" if errors is None else f"{errors['abs'][t] / errors['transitions']:.6g}",
+                        "sq_error": "" if errors is None else f"{errors['sq'][t] / errors['transitions']:.6g}"})
 
 
-def quality_table(runs: dict[str, dict]) -> list[str]:
+def quality_table(runs: dict[str, list[dict]]) -> list[str]:
     lines = ["| method | category | correlation | error on pickups | error elsewhere | pickups |",
              "|---|---|---:|---:|---:|---:|"]
-    for name, r in runs.items():
-        if "phi" not in r["traces"][0]:
+    for name, records in runs.items():
+        if "cumulant_sums" not in records[0]:
             continue
-        sums = 0.0
-        for tr in r["traces"]:  # the sums the training scripts log (common.run.cumulant_stats), pooled over seeds
-            valid = np.ones(tr["phi"].shape[:-1], bool)
-            sums = sums + np.asarray(cumulant_stats(tr["phi"], tr["phi_env"][:, :, :-1], valid), np.float64)
+        sums = sum(np.asarray(r["cumulant_sums"]) for r in records)  # as the training scripts log them, pooled
         quality = cumulant_quality(sums)
         for k, category in enumerate(CATEGORIES):
             lines.append(f"| {name} | {k + 1} ({category}) | {quality['corr'][k]:.3f} | "
@@ -220,9 +247,9 @@ def quality_table(runs: dict[str, dict]) -> list[str]:
     return lines
 
 
-def pickups(runs: dict[str, dict]) -> dict[str, np.ndarray]:
+def pickups(runs: dict[str, list[dict]]) -> dict[str, np.ndarray]:
     """Mean pickups per episode [tasks, C] of each run, over its seeds and episodes."""
-    return {name: np.mean([tr["phi_env"].sum(2).mean(1) for tr in r["traces"]], axis=0) for name, r in runs.items()}
+    return {name: np.mean([r["pickups"] for r in records], axis=0) for name, records in runs.items()}
 
 
 def pickup_table(counts: dict[str, np.ndarray], tasks: np.ndarray) -> list[str]:
@@ -291,7 +318,7 @@ def plot_activity(activity: dict[str, tuple], task: np.ndarray, path: Path) -> N
 
 @exit_on_config_error
 def main(args: Args) -> None:
-    require(args.run_dirs, "name at least one run directory")
+    require(args.run_dirs or args.records, "name at least one run directory (or --records: earlier analyses)")
     for d in args.run_dirs:
         require(run_env(Path(d)) == "babyai", f"{d} is a {run_env(Path(d))} run; results.analyze handles BabyAI runs "
                                               "only so far")
@@ -300,50 +327,90 @@ def main(args: Args) -> None:
     activity_task = parse_tasks(args.activity_task)
     require(len(activity_task) == 1, f"--activity-task takes one task vector, got {args.activity_task!r}")
     tasks = np.concatenate([TRAIN_TASKS, TEST_TASKS])
+    records = [r for folder in args.records for r in read_records(Path(folder))]
     loaded = [load_agents(Path(d)) for d in args.run_dirs]
     methods = [agents[0].method for agents in loaded]
-    runs = {}
     for agents in loaded:  # named by method, or by method and folder where a method comes twice
         name = agents[0].method if methods.count(agents[0].method) == 1 else agents[0].run
-        require(name not in runs, f"{name} is named twice; pass each run directory once")
         use_gpi = args.gpi == "on" and has_psi(agents[0])
-        traces = [rollout(a, tasks, args.episodes, use_gpi, jax.random.fold_in(jax.random.PRNGKey(args.seed), a.seed))
-                  for a in agents]
-        runs[name] = {"agents": agents, "traces": traces, "gpi": use_gpi}
-        returns = np.mean([tr["reward"].sum(-1).mean() for tr in traces])
-        print(f"{name}: {len(agents)} seed(s) at step {agents[0].step:,}, {args.episodes} episodes per task, "
-              f"{'GPI' if use_gpi else 'no GPI'}; mean return over all tasks {returns:.2f}", flush=True)
+        for i, agent in enumerate(agents):
+            trace = rollout(agent, tasks, args.episodes, use_gpi,
+                            jax.random.fold_in(jax.random.PRNGKey(args.seed), agent.seed))
+            activity = None
+            if i == 0 and has_psi(agent):
+                one = rollout(agent, activity_task, 1, use_gpi, jax.random.PRNGKey(args.seed))
+                activity = {"task": args.activity_task, "contribution": one["contribution"][0, 0].tolist(),
+                            "phi_env": one["phi_env"][0, 0].tolist(), "groups": module_groups(agent, tasks.shape[1])}
+            records.append(seed_record(agent, trace, tasks, use_gpi, activity) | {"name": name})
+    report(group_records(records), Path(args.out))
 
-    out = Path(args.out)
+
+def read_records(folder: Path) -> list[dict]:
+    """The seed records of an earlier analysis (its records.json), named by their method."""
+    path = folder / "records.json"
+    require(path.exists(), f"--records: {path} does not exist; pass folders that results.analyze wrote")
+    return [r | {"name": r["method"]} for r in json.loads(path.read_text())]
+
+
+def group_records(records: list[dict]) -> dict[str, list[dict]]:
+    """name -> the records of its seeds, in seed order; every record of one analysis played alike."""
+    require(records, "no seeds to analyse")
+    for r in records:
+        require((r["episodes"], r["tasks"]) == (records[0]["episodes"], records[0]["tasks"]),
+                f"seed {r['seed']} of {r['name']} was played with {r['episodes']} episodes per task on other tasks "
+                f"than seed {records[0]['seed']} of {records[0]['name']} ({records[0]['episodes']}); analyse them "
+                "alike")
+    runs: dict[str, list[dict]] = {}
+    for r in records:
+        runs.setdefault(r["name"], []).append(r)
+    for name, group in runs.items():
+        seeds = [r["seed"] for r in group]
+        require(len(set(seeds)) == len(seeds), f"{name}: seed {max(seeds, key=seeds.count)} comes twice; pass each "
+                                               "run directory or analysis once")
+        require(len({r["gpi"] for r in group}) == 1, f"{name}: its seeds were played with and without GPI")
+        group.sort(key=lambda r: r["seed"])
+    return runs
+
+
+def report(runs: dict[str, list[dict]], out: Path) -> None:
+    """analysis.md, per_seed.csv, records.json and the figures, from the seeds' records."""
+    first = next(iter(runs.values()))[0]
+    tasks = np.array([[float(x) for x in task.split(",")] for task in first["tasks"]], np.float32)
+    for name, records in runs.items():
+        returns = np.mean([np.mean(r["returns"]) for r in records])
+        print(f"{name}: {len(records)} seed(s) at step {records[0]['step']:,}, {first['episodes']} episodes per task, "
+              f"{'GPI' if records[0]['gpi'] else 'no GPI'}; mean return over all tasks {returns:.2f}", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     counts = pickups(runs)
-    described = "; ".join(f"{n}: seeds {[a.seed for a in r['agents']]} at step {r['agents'][0].step:,}, "
-                          f"{'GPI over the train tasks' if r['gpi'] else 'acting on w'}" for n, r in runs.items())
-    lines = [f"# Analysis of saved agents ({args.episodes} greedy episodes per task and seed; {described})", "",
+    described = "; ".join(f"{n}: seeds {[r['seed'] for r in records]} at step {records[0]['step']:,}, "
+                          f"{'GPI over the train tasks' if records[0]['gpi'] else 'acting on w'}"
+                          for n, records in runs.items())
+    lines = [f"# Analysis of saved agents ({first['episodes']} greedy episodes per task and seed; {described})", "",
              "## Table A: reward-prediction error of the learned cumulants on the test tasks", "",
              "Per transition, |phi . w - r| (abs.) and (phi . w - r)^2 (sq.), mean ± std over the transitions of all "
              "episodes and seeds (the first T-1 of each episode: the last has no next state). The paper does not "
-             "say which it reports.", "", *table_a(runs, tasks), "",
+             "say which it reports.", "", *table_a(runs, first["tasks"]), "",
              "## Cumulant quality (all tasks' episodes)", "",
              "Per category k: correlation of phi^k with the pickups of k, and mean |phi^k - phi_env^k| on the "
              "transitions that picked up k and on the rest.", "", *quality_table(runs), "",
              "## Pickups per episode", "", *pickup_table(counts, tasks), ""]
     (out / "analysis.md").write_text("\n".join(lines))
     print("\n".join(lines))
-    write_per_seed(runs, tasks, out / "per_seed.csv")
+    write_per_seed(runs, out / "per_seed.csv")
+    (out / "records.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "name"}
+                                                  for records in runs.values() for r in records]))
     plot_heatmaps(counts, tasks, out / "pickup_heatmaps.png")
-
     activity = {}
-    for name, r in runs.items():
-        agent = r["agents"][0]
-        if not has_psi(agent):
-            continue
-        trace = rollout(agent, activity_task, 1, r["gpi"], jax.random.PRNGKey(args.seed))
-        activity[f"{name}, seed {agent.seed}"] = (trace["contribution"][0, 0], trace["phi_env"][0, 0],
-                                                  module_groups(agent, tasks.shape[1]))
-    written = ["analysis.md", "per_seed.csv", "pickup_heatmaps.png"]
+    for name, records in runs.items():
+        shown = next((r for r in records if r["activity"]), None)
+        if shown:
+            a = shown["activity"]
+            activity[f"{name}, seed {shown['seed']}"] = (np.array(a["contribution"]), np.array(a["phi_env"]),
+                                                         a["groups"])
+    written = ["analysis.md", "per_seed.csv", "records.json", "pickup_heatmaps.png"]
     if activity:
-        plot_activity(activity, activity_task[0], out / "module_activity.png")
+        task = next(r["activity"]["task"] for records in runs.values() for r in records if r["activity"])
+        plot_activity(activity, parse_tasks(task)[0], out / "module_activity.png")
         written.append("module_activity.png")
     print(f"wrote {', '.join(str(out / f) for f in written)}")
 

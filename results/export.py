@@ -9,15 +9,16 @@ logs and the cache of compiled programs. DEST gets the rest:
 
 - protocol.json (the settings `--resume` keeps), summary.json, claims.md (results.claims) and figures/;
 - each complete method: config.json, metrics.csv, eval.csv and analysis/ (results.analyze, which the protocol runs as
-  soon as a method completes); its parameter files in results.compact's form (.eqz) if --agents names it, or if
-  its analysis has not run yet (the protocol's end plays them);
+  soon as a method completes); its parameter files in results.compact's form (.eqz) if --agents names it, or while
+  its analysis has not run;
 - each complete seed of a method that was trained seed by seed and is not complete yet: the seed's config.json,
-  metrics.csv, eval.csv and its agent (.eqz), which the method's analysis plays once its other seeds are done.
+  metrics.csv, eval.csv and its analysis' records.json (the protocol plays each seed as it completes; the method is
+  reported from its seeds' records), or its agent (.eqz) if it was not played yet.
 
 Runs that are not complete are left out (all they have to continue from is their checkpoint): in a copy of DEST they
-start over. So a protocol stopped part way on one machine continues on another, or in a later session, from its
-exported results: `cp -r DEST OUT && python -m results.protocol OUT --resume` trains what is missing, then merges,
-analyses and summarises as it would have without the stop.
+start over. So a protocol stopped part way on one machine continues on another, or later on one that kept
+nothing, from its exported results: `cp -r DEST OUT && python -m results.protocol OUT --resume` trains what is
+missing, then plays, merges, reports and summarises as it would have without the stop.
 
 DEST is new, or an earlier export of the same protocol (its protocol.json), which is brought up to date: the files
 an export writes are rewritten, the carried seeds of methods that have since completed are removed, and the agents
@@ -65,16 +66,21 @@ def copy_agents(run: Path, dest: Path) -> list[Path]:
     return written
 
 
-def copy_run(run: Path, dest: Path, with_agents: bool) -> list[Path]:
-    """A complete run's results (and its agents if asked) into dest."""
+def copy_run(run: Path, dest: Path, with_agents: bool, analysis: str = "all") -> list[Path]:
+    """A complete run's results into dest: its tables, its analysis ("all" of it, its "records" alone, or "none")
+    and, if asked, its agents."""
     dest.mkdir(parents=True, exist_ok=True)
     written = []
     for name in RUN_FILES:
         shutil.copyfile(run / name, dest / name)
         written.append(dest / name)
-    if (run / "analysis").is_dir():
+    if analysis == "all" and (run / "analysis").is_dir():
         shutil.copytree(run / "analysis", dest / "analysis", dirs_exist_ok=True)
         written.extend(p for p in (dest / "analysis").rglob("*") if p.is_file())
+    elif analysis == "records" and analyzed(run):
+        (dest / "analysis").mkdir(exist_ok=True)
+        shutil.copyfile(run / "analysis" / "records.json", dest / "analysis" / "records.json")
+        written.append(dest / "analysis" / "records.json")
     if with_agents:
         written.extend(copy_agents(run, dest))
     else:
@@ -106,25 +112,29 @@ def export(out: Path, dest: Path, agents: tuple[str, ...] = ()) -> dict[str, lis
         if (out / name).is_dir():
             shutil.copytree(out / name, dest / name, dirs_exist_ok=True)
             written[""].extend(p for p in (dest / name).rglob("*") if p.is_file())
+    analysed_here = settings["env"] in ANALYSES
     for method in settings["methods"]:
         run, target = out / method, dest / method
-        seed_runs = sorted(run.glob("seed*/")) if settings.get("seeds_apart") else []
-        if complete(run):
-            require(not (method in agents and not saved_agents(run)), f"--agents: {run} holds no parameter files")
-            unplayed = settings["env"] in ANALYSES and not analyzed(run)  # the protocol's end still plays its agents
-            written[method] = copy_run(run, target, method in agents or unplayed)
+        require(method not in agents or complete(run), f"--agents: {method} is not complete; its seeds go with "
+                                                       "their records (or their agents, not played yet) until it is")
+        require(method not in agents or saved_agents(run), f"--agents: {run} holds no parameter files")
+        written[method] = []
+        finished = complete(run) and (analyzed(run) or not analysed_here)
+        if complete(run):  # its agents go too while its analysis has not run (and may need them)
+            written[method] = copy_run(run, target, method in agents or not finished)
+        if finished:
             for carried in sorted(target.glob("seed*/")):
                 shutil.rmtree(carried)
             continue
-        require(method not in agents, f"--agents: {method} is not complete; its seeds' agents go with it as they "
-                                      "complete")
-        written[method] = []
+        seed_runs = sorted(run.glob("seed*/")) if settings.get("seeds_apart") else []
         for seed_run in seed_runs:
-            if complete(seed_run):
-                written[method].extend(copy_run(seed_run, target / seed_run.name, with_agents=True))
+            if complete(seed_run):  # its records if it was played, else its agent (to be played)
+                played = analyzed(seed_run) or not analysed_here
+                written[method].extend(copy_run(seed_run, target / seed_run.name, with_agents=not played,
+                                                analysis="records"))
             else:
                 print(f"[export] left out {seed_run} (not complete: it starts over when the protocol resumes)")
-        if not seed_runs and run.exists():
+        if not seed_runs and run.exists() and not complete(run):
             print(f"[export] left out {run} (not complete: it starts over when the protocol resumes)")
     return written
 

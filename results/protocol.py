@@ -23,12 +23,13 @@ prefixed with the method. A method whose eval.csv reaches its protocol's last st
 that stopped (Ctrl-C, --max-minutes, a crash) resumes from its checkpoint. Ctrl-C or SIGTERM stops every run cleanly
 (each checkpoints first); `--resume OUT_DIR` then continues with the same settings (OUT_DIR/protocol.json).
 
-As each method completes (on SLURM: at the end), results.analyze plays its saved agents where an analysis exists for
-the env (BabyAI: the reward-prediction table, the cumulants' quality), into OUT_DIR/<method>/analysis/, once;
-OUT_DIR/summary.json records the device and, per method, the env steps reached, the share of the protocol, the wall
-time and the exit status. Figures and tables: `python -m results.plot OUT_DIR/<method>` and `python -m
-results.summarize OUT_DIR/*/`. `python -m results.export OUT_DIR DEST` copies what is small enough to commit (no
-checkpoints), a folder in which `--resume` continues the protocol: its complete runs are kept, the others start over.
+Where the env has an analysis (BabyAI: the reward-prediction table, the cumulants' quality), results.analyze plays
+each run's saved agents as it completes (on SLURM: at the end), and a method trained seed by seed is reported from its
+seeds' records into OUT_DIR/<method>/analysis/, once; OUT_DIR/summary.json records the device and, per method, the
+env steps reached, the share of the protocol, the wall time and the exit status. Figures and tables: `python -m
+results.plot OUT_DIR/<method>` and `python -m results.summarize OUT_DIR/*/`. `python -m results.export OUT_DIR DEST`
+copies what is small enough to commit (no checkpoints), a folder in which `--resume` continues the protocol: its
+complete runs are kept, the others start over.
 
 Memory: one method's runs hold --seeds replays (docs/scale.md gives the bytes per seed); for Fruitbot the seeds default
 to as many as fit the device by each script's replay_bytes (at most 10: a replay of game states, 0.33-0.39 GiB per
@@ -281,19 +282,31 @@ def method_progress(args: Args, name: str) -> tuple[int, int | None]:
 
 
 def saved_agents(run_dir: Path) -> list[Path]:
-    """A run's parameter files: params_seed<N>.eqx as written, or .eqz as results.export carries them."""
+    """A run's parameter files: params_seed<N>.eqx as written, or their compact .eqz (results.compact)."""
     return sorted([*run_dir.glob("params_seed*.eqx"), *run_dir.glob("params_seed*.eqz")])
 
 
 def analyzed(run_dir: Path) -> bool:
-    """results.analyze finished on this method (it writes per_seed.csv once every seed was played)."""
-    return (run_dir / "analysis" / "per_seed.csv").exists()
+    """results.analyze finished on this run (it writes records.json last but for the figures)."""
+    return (run_dir / "analysis" / "records.json").exists()
+
+
+def run_analysis(args: Args, name: str, run_dir: Path, flags: list[str]) -> bool:
+    """One results.analyze into run_dir/analysis/, its output in OUT_DIR/<name>.analysis.log; whether it worked."""
+    command = [sys.executable, "-m", "results.analyze", *flags, "--out", str(run_dir / "analysis"), "--episodes",
+               str(args.analysis_episodes)]
+    log = Path(args.out_dir) / f"{name.replace('/', '.')}.analysis.log"
+    print(f"[protocol] {time.strftime('%H:%M:%S')} analyse {name}: {shlex.join(command)}", flush=True)
+    env = executors.run_environment(Run(f"{name}.analysis", command, run_dir, log))  # the runs' compile cache
+    with log.open("w") as f:
+        return subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode == 0
 
 
 def analyze(args: Args, names: list[str]) -> dict[str, str]:
-    """results.analyze of each method's saved agents into OUT_DIR/<method>/analysis/ (where the env has one), once:
-    a complete method's agents do not change, so a method analysed before (as soon as its seeds merged) is not played
-    again, and its agents need not be kept for the protocol's end (results.export carries the analysis alone)."""
+    """results.analyze of each method's saved agents into OUT_DIR/<method>/analysis/ (where the env has one), once.
+    Trained seed by seed, each complete seed is played as soon as it is (OUT_DIR/<method>/seed<k>/analysis/, its
+    records), and the method, once complete, is reported from its seeds' records (--records): so a seed's agent is
+    needed only until it is played, and results.export carries the records instead."""
     outcome = {}
     for name in names:
         run_dir = Path(args.out_dir) / name
@@ -303,19 +316,34 @@ def analyze(args: Args, names: list[str]) -> dict[str, str]:
         if analyzed(run_dir):
             outcome[name] = "ok"
             continue
-        if not saved_agents(run_dir):
-            outcome[name] = "no saved agents"
+        if not args.seeds_apart:
+            if not saved_agents(run_dir):
+                outcome[name] = "no saved agents"
+            elif not run_analysis(args, name, run_dir, [str(run_dir)]):
+                outcome[name] = f"failed ({name}.analysis.log)"
+            else:
+                outcome[name] = "ok"
             continue
-        command = [sys.executable, "-m", "results.analyze", str(run_dir), "--out", str(run_dir / "analysis"),
-                   "--episodes", str(args.analysis_episodes)]
-        print(f"[protocol] {time.strftime('%H:%M:%S')} analyse {name}: {shlex.join(command)}", flush=True)
-        with (Path(args.out_dir) / f"{name}.analysis.log").open("w") as log:
-            done = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        outcome[name] = "ok" if done.returncode == 0 else f"failed (exit {done.returncode}: {name}.analysis.log)"
+        seed_dirs = [Path(args.out_dir) / job for job, _, _ in jobs(args, name)]
+        failed = []
+        for job, seed_dir in zip((job for job, _, _ in jobs(args, name)), seed_dirs):
+            if complete(seed_dir) and not analyzed(seed_dir):
+                if not saved_agents(seed_dir) or not run_analysis(args, job, seed_dir, [str(seed_dir)]):
+                    failed.append(job)
+        played = [d for d in seed_dirs if analyzed(d)]
+        if failed:
+            outcome[name] = f"failed: {', '.join(failed)} (their .analysis.log)"
+        elif not complete(run_dir):
+            outcome[name] = f"{len(played)} of {len(seed_dirs)} seeds played"
+        elif len(played) < len(seed_dirs):
+            outcome[name] = f"seeds without records: {[d.name for d in seed_dirs if d not in played]}"
+        elif run_analysis(args, name, run_dir, ["--records", *(str(d / "analysis") for d in played)]):
+            outcome[name] = "ok"
+        else:
+            outcome[name] = f"failed ({name}.analysis.log)"
     return outcome
 
 
-# ------------------------------------------------------------------------------------------------- seeds that fit
 def device_memory_limit() -> int | None:
     """Bytes the accelerator lets a process allocate (None on a CPU, or where the device does not say)."""
     import jax
@@ -510,8 +538,9 @@ def run_here(args: Args) -> None:
 
     def finished(name: str) -> None:
         method = name.split("/")[0]
-        done = merge_seeds(args, method) if args.seeds_apart else complete(out / method)
-        if done and not runner.stopped:
+        if args.seeds_apart:
+            merge_seeds(args, method)
+        if not runner.stopped and complete(out / name):
             analyze(args, [method])  # now, while its agents are here: results.export need not carry them after
 
     runner = LocalRunner(slots, bool(args.seeds_apart), deadline, started, finished)

@@ -117,6 +117,34 @@ def test_analysis_writes_table_a_heatmaps_and_module_activity(runs, tmp_path, ca
     assert len(msfa) == 2 and abs(np.mean(msfa) - float(cell)) < 1e-4
 
 
+def test_seeds_played_apart_and_reported_from_their_records_give_the_analysis_of_playing_them_together(runs,
+                                                                                                        tmp_path):
+    """results.protocol plays each seed as it completes and reports the method from the seeds' records.json: the
+    same analysis.md and per_seed.csv as one call on the run of both seeds; a seed given twice stops with one line."""
+    import shutil
+
+    from common.run import ConfigError
+    from results import analyze
+
+    together = tmp_path / "together"
+    analyze.main(analyze.Args(run_dirs=(str(runs["msfa"]),), out=str(together), episodes=2))
+    apart = []
+    for seed in (2, 1):
+        seed_run = tmp_path / f"seed{seed}"
+        seed_run.mkdir()
+        shutil.copyfile(runs["msfa"] / "config.json", seed_run / "config.json")
+        shutil.copyfile(runs["msfa"] / f"params_seed{seed}.eqx", seed_run / f"params_seed{seed}.eqx")
+        analyze.main(analyze.Args(run_dirs=(str(seed_run),), out=str(seed_run / "analysis"), episodes=2))
+        apart.append(str(seed_run / "analysis"))
+    reported = tmp_path / "reported"
+    analyze.main(analyze.Args(records=tuple(apart), out=str(reported)))
+    for name in ("analysis.md", "per_seed.csv"):
+        assert (reported / name).read_text() == (together / name).read_text(), name
+    with pytest.raises(ConfigError, match="seed 1 comes twice"):
+        analyze.report(analyze.group_records([*analyze.read_records(Path(apart[1])),
+                                              *analyze.read_records(together)]), tmp_path / "twice")
+
+
 @pytest.mark.parametrize("overrides, message", [
     (dict(run_dirs=("/nonexistent",)), "is not a directory"),
     (dict(activity_task="1,1"), "has 2 weights"),

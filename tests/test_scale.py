@@ -156,11 +156,12 @@ def test_on_a_cpu_each_seed_trains_in_its_own_pinned_process_and_the_seeds_are_m
 
 def test_a_protocol_stopped_part_way_is_exported_without_checkpoints_and_continues_from_the_export(
         tmp_path, monkeypatch, capsys):
-    """Each method is analysed once, as soon as its seeds merge (not again at the end or on --resume). results.export
-    of a protocol stopped part way (method a complete, b with seed 1 complete and seed 2 not) carries a's results and
-    analysis (its agents only when asked), b's complete seed with its agent compacted, and no checkpoint; a copy of
-    the export resumes: b's seed 2 trains from scratch, seed 1 is kept, b merges and is analysed; exported again, the
-    carried seed and the agents not asked for are gone."""
+    """Each seed is analysed (played) as it completes, and each method reported from its seeds' records once it is
+    complete, each once. results.export of a protocol stopped part way (a complete; b's seed 1 played, seed 2
+    complete but not played, seed 3 not complete) carries a's results and analysis (its agents only when asked), b's
+    seed 1 with its records and seed 2 with its agent compacted, and no checkpoint. A copy of the export resumes:
+    seed 3 trains from scratch, seed 2 is played, b is reported; exported again, the carried seeds and the agents not
+    asked for are gone."""
     from results.compact import decompress
     from results.export import export
 
@@ -168,29 +169,36 @@ def test_a_protocol_stopped_part_way_is_exported_without_checkpoints_and_continu
     monkeypatch.setattr(protocol, "ANALYSES", ("babyai",))
     analysed = []
 
-    def fake_analysis(command, **kwargs):  # stands in for `python -m results.analyze RUN_DIR --out RUN_DIR/analysis`
-        analysed.append(Path(command[3]).name)
-        Path(command[5]).mkdir(parents=True, exist_ok=True)
-        (Path(command[5]) / "per_seed.csv").write_text("method,seed\n")
+    def fake_analysis(command, **kwargs):  # stands in for `python -m results.analyze ... --out DIR`
+        out_dir = Path(command[command.index("--out") + 1])
+        analysed.append(out_dir.parent.name if "--records" in command else
+                        f"{out_dir.parent.parent.name}/{out_dir.parent.name}")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "records.json").write_text("[]")
         return subprocess.CompletedProcess(command, 0)
 
     monkeypatch.setattr(protocol.subprocess, "run", fake_analysis)
     out = tmp_path / "protocol"
-    protocol.main(protocol.Args(str(out), env="babyai", seeds=2, devices=("0", "1"), analysis_episodes=1))
-    assert analysed == ["a", "b"] and read_summary(out)["methods"]["b"]["analysis"] == "ok"
-    for name in ("config.json", "metrics.csv", "eval.csv", "analysis"):  # b as if stopped during its seed 2
+    protocol.main(protocol.Args(str(out), env="babyai", seeds=3, devices=("0", "1"), analysis_episodes=1))
+    assert sorted(analysed) == ["a", "a/seed1", "a/seed2", "a/seed3", "b", "b/seed1", "b/seed2", "b/seed3"]
+    assert all(analysed.index(m) > analysed.index(f"{m}/seed{k}") for m in "ab" for k in (1, 2, 3))
+    assert read_summary(out)["methods"]["b"]["analysis"] == "ok"
+    for name in ("config.json", "metrics.csv", "eval.csv", "analysis"):  # b as if stopped during its seed 3
         shutil.rmtree(out / "b" / name) if name == "analysis" else (out / "b" / name).unlink()
     for params in (out / "b").glob("params_seed*.eqx"):
         params.unlink()
-    eval_csv = out / "b" / "seed2" / "eval.csv"
+    shutil.rmtree(out / "b" / "seed2" / "analysis")  # ... and before seed 2 was played
+    eval_csv = out / "b" / "seed3" / "eval.csv"
     eval_csv.write_text(eval_csv.read_text().splitlines()[0] + "\n")
 
     dest = tmp_path / "exported"
     export(out, dest, agents=("a",))
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
-    assert files == ["a/analysis/per_seed.csv", "a/config.json", "a/eval.csv", "a/metrics.csv", "a/params_seed1.eqz",
-                     "a/params_seed2.eqz", "b/seed1/config.json", "b/seed1/eval.csv", "b/seed1/metrics.csv",
-                     "b/seed1/params_seed1.eqz", "protocol.json", "summary.json"]
+    assert files == ["a/analysis/records.json", "a/config.json", "a/eval.csv", "a/metrics.csv", "a/params_seed1.eqz",
+                     "a/params_seed2.eqz", "a/params_seed3.eqz", "b/seed1/analysis/records.json",
+                     "b/seed1/config.json", "b/seed1/eval.csv", "b/seed1/metrics.csv", "b/seed2/config.json",
+                     "b/seed2/eval.csv", "b/seed2/metrics.csv", "b/seed2/params_seed2.eqz", "protocol.json",
+                     "summary.json"]
     assert decompress((dest / "a" / "params_seed2.eqz").read_bytes()) == (out / "a" / "params_seed2.eqx").read_bytes()
     assert "left out" in capsys.readouterr().out
 
@@ -199,16 +207,16 @@ def test_a_protocol_stopped_part_way_is_exported_without_checkpoints_and_continu
     analysed.clear()
     protocol.main(protocol.Args(str(again), resume=True, devices=("0", "1")))
     summary = read_summary(again)["methods"]
-    assert summary["a"]["complete"] and summary["b"]["complete"] and analysed == ["b"]
-    assert set(summary["b"]["seed_runs"]) == {"b/seed2"}  # seed 1 came complete; seed 2 started over
-    assert "resumes" not in json.loads((again / "b" / "seed2" / "config.json").read_text())
-    assert sorted(p.name for p in (again / "b").glob("params_seed*")) == ["params_seed1.eqz", "params_seed2.eqx"]
-    assert (again / "b" / "metrics.csv").read_text().count("\n") == 1 + 2 * 2  # both seeds' rows, merged
+    assert summary["a"]["complete"] and summary["b"]["complete"] and analysed == ["b/seed2", "b/seed3", "b"]
+    assert set(summary["b"]["seed_runs"]) == {"b/seed3"}  # seeds 1 and 2 came complete; seed 3 started over
+    assert "resumes" not in json.loads((again / "b" / "seed3" / "config.json").read_text())
+    assert sorted(p.name for p in (again / "b").glob("params_seed*")) == ["params_seed2.eqz", "params_seed3.eqx"]
+    assert (again / "b" / "metrics.csv").read_text().count("\n") == 1 + 3 * 2  # every seed's rows, merged
 
     export(again, dest)
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
-    assert files == ["a/analysis/per_seed.csv", "a/config.json", "a/eval.csv", "a/metrics.csv",
-                     "b/analysis/per_seed.csv", "b/config.json", "b/eval.csv", "b/metrics.csv", "protocol.json",
+    assert files == ["a/analysis/records.json", "a/config.json", "a/eval.csv", "a/metrics.csv",
+                     "b/analysis/records.json", "b/config.json", "b/eval.csv", "b/metrics.csv", "protocol.json",
                      "summary.json"]
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
