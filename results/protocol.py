@@ -158,7 +158,7 @@ class Args:
     resume: bool = False
     """continue the protocol in OUT_DIR with its saved settings (protocol.json)"""
     analysis_episodes: int = 40
-    """greedy episodes per task and seed of results.analyze at the end (the paper's Table A: 40)"""
+    """greedy episodes per task and seed of results.analyze (the paper's Table A: 40)"""
     status: bool = False
     """print one line per (env, method): its job and state, env steps reached, the last evaluation, its log; then
     exit (submits and runs nothing)"""
