@@ -324,9 +324,10 @@ def analyze(args: Args, names: list[str]) -> dict[str, str]:
             else:
                 outcome[name] = "ok"
             continue
-        seed_dirs = [Path(args.out_dir) / job for job, _, _ in jobs(args, name)]
+        seed_jobs = [job for job, _, _ in jobs(args, name)]
+        seed_dirs = [Path(args.out_dir) / job for job in seed_jobs]
         failed = []
-        for job, seed_dir in zip((job for job, _, _ in jobs(args, name)), seed_dirs):
+        for job, seed_dir in zip(seed_jobs, seed_dirs):
             if complete(seed_dir) and not analyzed(seed_dir):
                 if not saved_agents(seed_dir) or not run_analysis(args, job, seed_dir, [str(seed_dir)]):
                     failed.append(job)
