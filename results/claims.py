@@ -34,7 +34,7 @@ import tyro
 from scipy import stats
 
 from common.envs.babyai import TEST_TASKS, TRAIN_TASKS
-from common.run import exit_on_config_error, format_task, require
+from common.run import exit_on_config_error, format_task, open_table, require, table_path
 from results import references
 from results.contract import run_label
 from results.summarize import babyai_room
@@ -75,7 +75,7 @@ class Args:
 
 def per_seed_measures(run_dir: Path) -> tuple[int, dict[str, dict[int, float]]]:
     """A method's last evaluated step and {measure: {seed: value}} (module doc)."""
-    with (run_dir / "eval.csv").open() as f:
+    with open_table(run_dir / "eval.csv") as f:
         rows = list(csv.DictReader(f))
     require(bool(rows), f"{run_dir / 'eval.csv'} has no evaluation yet")
     step = max(int(r["step"]) for r in rows)
@@ -149,7 +149,7 @@ def reference_rows(run_dir: Path) -> list[str]:
 
 
 def claims(out_dir: Path) -> list[str]:
-    runs = {d.name: d for d in sorted(out_dir.iterdir()) if (d / "eval.csv").exists()}
+    runs = {d.name: d for d in sorted(out_dir.iterdir()) if table_path(d / "eval.csv").exists()}
     require(bool(runs), f"{out_dir} holds no run folder with an eval.csv; pass a protocol's folder")
     measured = {name: per_seed_measures(d) for name, d in runs.items()}
     labels = {name: run_label(json.loads((d / "config.json").read_text()), name) for name, d in runs.items()}

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import tyro
 
-from common.run import exit_on_config_error, format_task, require
+from common.run import exit_on_config_error, format_task, open_table, require, table_path
 from results.contract import run_label
 from results.summarize import env_tasks, mean_se
 
@@ -43,7 +43,7 @@ def label(run_dir: Path) -> str:
 def read_eval(run_dir: Path) -> dict:
     """(step, task, gpi) -> list of per-seed mean returns."""
     table = defaultdict(list)
-    with (run_dir / "eval.csv").open() as f:
+    with open_table(run_dir / "eval.csv") as f:
         for r in csv.DictReader(f):
             table[(int(r["step"]), r["task"], int(r["gpi"]))].append(float(r["return_mean"]))
     return table
@@ -54,7 +54,7 @@ def main(args: Args) -> None:
     require(args.split in ("test", "train", "all"), f"--split must be test, train or all, got {args.split!r}")
     runs = [Path(d) for d in args.run_dirs]
     for d in runs:
-        require((d / "eval.csv").exists(), f"no eval.csv in {d}; pass run directories")
+        require(table_path(d / "eval.csv").exists(), f"no eval.csv in {d}; pass run directories")
     tables = {d: read_eval(d) for d in runs}
     steps = set.intersection(*({s for s, _, _ in t} for t in tables.values()))
     require(steps, "the runs share no evaluation step; pass --step with one of each run's steps")

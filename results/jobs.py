@@ -116,7 +116,8 @@ class TrainingJob(submitit.helpers.Checkpointable):
         status = self.child.returncode
         if status not in (0, 128 + signal.SIGTERM, 128 + signal.SIGINT):
             raise RuntimeError(f"{self.run.name} exited with status {status}: {last_line(self.run.log)}")
-        return {"exit_status": status, "wall_seconds": round(time.time() - started, 1)}
+        return {"exit_status": status, "wall_seconds": round(time.time() - started, 1),
+                "ended": time.strftime("%Y-%m-%d %H:%M:%S")}
 
     def checkpoint(self) -> submitit.helpers.DelayedSubmission:
         """Preemption or the time limit ahead (submitit's handler of SLURM's warning signal): the script checkpoints
@@ -207,7 +208,7 @@ def slurm_states(job_ids: list[str]) -> dict[str, tuple[str, int]]:
 
 
 def job_outcome(folder: Path, job_id: str) -> dict | None:
-    """What a job returned ({"exit_status", "wall_seconds"}) or {"error": its traceback's last line}, from
+    """What a job returned ({"exit_status", "wall_seconds", "ended"}) or {"error": its traceback's last line}, from
     submitit's result file (None: the job wrote none: not ended, or killed)."""
     result = submitit.SlurmJob(folder / "%j", job_id).paths.result_pickle
     if not result.exists():
@@ -278,7 +279,8 @@ class LocalRunner:
                 for name, process in list(self.running.items()):
                     if process.finished():
                         self.outcome[name] = {"exit_status": process.process.returncode,
-                                              "wall_seconds": round(time.time() - process.started, 1)}
+                                              "wall_seconds": round(time.time() - process.started, 1),
+                                              "ended": time.strftime("%Y-%m-%d %H:%M:%S")}
                         self.slots.append(process.device)
                         del self.running[name]
                         self.on_finished(name)

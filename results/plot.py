@@ -34,7 +34,7 @@ import numpy as np
 import tyro
 
 from common.envs.babyai import bfs_oracle_returns, random_policy_returns
-from common.run import exit_on_config_error, format_task, require
+from common.run import exit_on_config_error, format_task, open_table, require, table_path
 from results.compare import label, read_eval
 from results.summarize import babyai_room, env_tasks, pooled_return, run_env
 
@@ -78,7 +78,7 @@ def main(args: Args) -> None:
     runs = [Path(d) for d in args.run_dirs]
     require(runs, "pass at least one run directory")
     for d in runs:
-        require((d / "eval.csv").exists(), f"no eval.csv in {d}; pass run directories")
+        require(table_path(d / "eval.csv").exists(), f"no eval.csv in {d}; pass run directories")
     require(args.reference_episodes >= 0, f"--reference-episodes must not be negative, got {args.reference_episodes}")
     require(args.actor_window >= 1, f"--actor-window must be at least 1, got {args.actor_window}")
     tables = {d: read_eval(d) for d in runs}
@@ -153,7 +153,7 @@ def main(args: Args) -> None:
         written.append("gpi_ablation.png")
     aggregate(plt, tables, step, test_tasks, references, out / "aggregate.png")
     written.append("aggregate.png")
-    with_metrics = [d for d in runs if (d / "metrics.csv").exists()]
+    with_metrics = [d for d in runs if table_path(d / "metrics.csv").exists()]
     if with_metrics:
         actor_references = None
         if args.reference_episodes and env == "minihack":
@@ -198,7 +198,8 @@ def minihack_random_success(run_dir: Path, train_tasks, test_tasks, episodes: in
 def actor_returns_per_window(metrics_csv: Path, train_tasks, window: int) -> dict:
     """seed -> (window end steps [W], returns [W, tasks]): the training actors' return per train task, pooled over
     each `window` consecutive metrics.csv rows (results.summarize.pooled_return: weighted by the rows' episodes)."""
-    rows = list(csv.DictReader(metrics_csv.open()))
+    with open_table(metrics_csv) as f:
+        rows = list(csv.DictReader(f))
     names = [format_task(w) for w in train_tasks]
     out = {}
     for seed in sorted({int(r["seed"]) for r in rows}):

@@ -53,7 +53,7 @@ from pathlib import Path
 
 import tyro
 
-from common.run import ConfigError, exit_on_config_error, require
+from common.run import ConfigError, exit_on_config_error, open_table, read_table, require, table_path
 from results.jobs import LIVE_STATES, SINGLE_THREADED, LocalRunner, Run, SlurmOptions  # noqa: F401 (SINGLE_THREADED)
 from results import jobs as executors
 
@@ -216,8 +216,8 @@ def progress(run_dir: Path) -> tuple[int, int | None]:
     """(env steps per seed reached: the last metrics row, the protocol's total: config.json)."""
     steps = 0
     metrics = run_dir / "metrics.csv"
-    if metrics.exists():
-        lines = metrics.read_text().splitlines()
+    if table_path(metrics).exists():
+        lines = read_table(metrics).splitlines()
         steps = int(lines[-1].split(",")[0]) if len(lines) > 1 else 0
     config = run_dir / "config.json"
     total = json.loads(config.read_text()).get("args", {}).get("total_timesteps") if config.exists() else None
@@ -228,7 +228,8 @@ def complete(run_dir: Path) -> bool:
     """The run evaluated at (or past: whole iterations) its protocol's last step."""
     _, total = progress(run_dir)
     evaluated = run_dir / "eval.csv"
-    steps = [int(line.split(",")[0]) for line in evaluated.read_text().splitlines()[1:]] if evaluated.exists() else []
+    steps = ([int(line.split(",")[0]) for line in read_table(evaluated).splitlines()[1:]]
+             if table_path(evaluated).exists() else [])
     return bool(total and steps and max(steps) >= total)
 
 
@@ -259,7 +260,7 @@ def merge_seeds(args: Args, name: str) -> bool:
     if complete(out) or not all(complete(d) for d in seed_dirs):
         return complete(out)
     for table in ("metrics.csv", "eval.csv"):  # rows by (step, seed), as a vmapped run writes them
-        parts = [(d / table).read_text().splitlines() for d in seed_dirs]
+        parts = [read_table(d / table).splitlines() for d in seed_dirs]
         rows = sorted((r for p in parts for r in p[1:]), key=lambda r: tuple(int(x) for x in r.split(",")[:2]))
         (out / table).write_text("\n".join([parts[0][0], *rows]) + "\n")
     for d in seed_dirs:
@@ -483,6 +484,22 @@ def write_jobs(out: Path, record: dict) -> None:
     (out / "jobs.json.tmp").replace(out / "jobs.json")
 
 
+RUN_RECORD = ("exit_status", "wall_seconds", "ended", "error", "result", "job_id", "earlier")
+"""what summary.json records of a run's job (results.jobs), and of its jobs before this one ("earlier")"""
+
+
+def run_record(before: dict | None, now: dict | None) -> dict:
+    """summary.json's record of a run: its job in this protocol's invocation, the earlier invocations' jobs of it
+    listed under "earlier" (a run stopped and resumed, or started over); the earlier record alone where this
+    invocation did not run it (it came complete), so that a resumed protocol keeps every run's times."""
+    if not now:
+        return dict(before or {})
+    if not before or before == now:
+        return dict(now)
+    before = dict(before)
+    return {**now, "earlier": [*before.pop("earlier", []), before]}
+
+
 def finish(args: Args, outcome: dict[str, dict] | None = None, not_started: tuple[str, ...] = (),
            stopped: bool = False, wall_seconds: float | None = None) -> dict:
     """The end of a protocol: merge seeds' runs, results.analyze of every method's saved agents (unless stopped),
@@ -500,14 +517,20 @@ def finish(args: Args, outcome: dict[str, dict] | None = None, not_started: tupl
     if record["executor"] == "slurm":
         for job, job_id in record["jobs"].items():
             outcome.setdefault(job, {"job_id": job_id} | (executors.job_outcome(out / "slurm", job_id) or {}))
+    before = json.loads((out / "summary.json").read_text())["methods"] if (out / "summary.json").exists() else {}
     for name in args.methods:
         steps, total = method_progress(args, name)
         script, *flags = run_flags(args, name)
         entry = {"command": shlex.join([str(Path(script).relative_to(ROOT)), *flags]), "env_steps_per_seed": steps,
                  "total_timesteps": total, "share_of_protocol": round(steps / total, 4) if total else 0.0,
-                 "complete": complete(out / name), **outcome.get(name, {})}
+                 "complete": complete(out / name)}
+        earlier = before.get(name, {})
         if args.seeds_apart:
-            entry["seed_runs"] = {job: outcome[job] for job, _, _ in jobs(args, name) if job in outcome}
+            entry["seed_runs"] = {job: run_record(earlier.get("seed_runs", {}).get(job), outcome.get(job))
+                                  for job, _, _ in jobs(args, name)
+                                  if job in outcome or job in earlier.get("seed_runs", {})}
+        else:
+            entry |= run_record({k: earlier[k] for k in RUN_RECORD if k in earlier} or None, outcome.get(name))
         if name in analysis:
             entry["analysis"] = analysis[name]
         if any(job.split("/")[0] == name for job in not_started):
@@ -599,9 +622,9 @@ def submit(args: Args, options: SlurmOptions) -> None:
 def last_evaluation(run_dir: Path) -> str:
     """The last evaluation's mean test return (with GPI where the method has it), over tasks and seeds."""
     path = run_dir / "eval.csv"
-    if not path.exists():
+    if not table_path(path).exists():
         return "-"
-    with path.open() as f:
+    with open_table(path) as f:
         rows = [r for r in csv.DictReader(f) if r["split"] == "test"]
     if not rows:
         return "-"

@@ -27,7 +27,7 @@ import numpy as np
 import tyro
 
 from common.envs.babyai import TRAIN_TASKS, bfs_oracle_returns
-from common.run import exit_on_config_error, format_task, require
+from common.run import exit_on_config_error, format_task, open_table, require, table_path
 from results.summarize import babyai_room
 
 TRAIN = {format_task(w) for w in TRAIN_TASKS}
@@ -52,7 +52,7 @@ class Args:
 def train_returns(run_dir: Path) -> dict[int, np.ndarray]:
     """step -> each seed's mean greedy train-task return without GPI at that evaluation."""
     per = {}
-    with (run_dir / "eval.csv").open() as f:
+    with open_table(run_dir / "eval.csv") as f:
         for row in csv.DictReader(f):
             if row["split"] == "train" and row["gpi"] == "0" and row["task"] in TRAIN:
                 per.setdefault(int(row["step"]), {}).setdefault(int(row["seed"]), []).append(float(row["return_mean"]))
@@ -65,7 +65,7 @@ def judge(out: Path, oracle_episodes: int, budget: int | None = None) -> list[di
     rows = []
     for method in protocol["methods"]:
         run = out / method
-        require((run / "eval.csv").exists(), f"{run} has no eval.csv: its runs are not complete (merged) yet")
+        require(table_path(run / "eval.csv").exists(), f"{run} has no eval.csv: its runs are not complete (merged) yet")
         saved = json.loads((run / "config.json").read_text())["args"]
         total = saved["total_timesteps"]
         require(budget is None or budget <= total,

@@ -28,7 +28,7 @@ import numpy as np
 import tyro
 
 from common.envs import babyai
-from common.run import exit_on_config_error, format_task, require
+from common.run import exit_on_config_error, format_task, open_table, require, table_path
 from results import references
 from results.contract import run_label
 
@@ -143,7 +143,8 @@ def tasks_of_env(env: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def final_returns(eval_csv: Path):
-    rows = list(csv.DictReader(eval_csv.open()))
+    with open_table(eval_csv) as f:
+        rows = list(csv.DictReader(f))
     require(rows, f"{eval_csv} has no evaluation rows yet")
     last = max(int(r["step"]) for r in rows)
     table = defaultdict(list)  # (task, gpi) -> per-seed means
@@ -173,7 +174,8 @@ def pooled_return(rows: list[dict], task: str) -> tuple[float, float, float]:
 def actor_returns(metrics_csv: Path, from_step: int, train_tasks) -> dict:
     """(seed, task) -> (mean return, its s.e., episodes) of the training actors' episodes that ended in the
     metrics.csv rows after from_step (pooled_return); metrics.csv must count the episodes of each row."""
-    rows = list(csv.DictReader(metrics_csv.open()))
+    with open_table(metrics_csv) as f:
+        rows = list(csv.DictReader(f))
     names = [format_task(w) for w in train_tasks]
     require(rows and f"episodes_train_{names[0]}" in rows[0],
             f"{metrics_csv} has no episodes_train_* columns (written since 2026-11-28): its runs' returns cannot be "
@@ -205,7 +207,7 @@ def reference_cell(reference: dict | None, missing: str) -> str:
 @exit_on_config_error
 def main(args: Args) -> None:
     eval_csv = Path(args.run_dir) / "eval.csv"
-    require(eval_csv.exists(), f"no eval.csv in {args.run_dir}; pass a run directory")
+    require(table_path(eval_csv).exists(), f"no eval.csv in {args.run_dir}; pass a run directory")
     step, table = final_returns(eval_csv)
     seeds = len(next(iter(table.values())))
     train_tasks, test_tasks = env_tasks([args.run_dir])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from common.envs.babyai import TEST_TASKS, TRAIN_TASKS
-from common.run import format_task
+from common.run import format_task, pack_table
 from results import analyze, claims
 
 EVAL_FIELDS = ["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"]
@@ -94,3 +94,16 @@ def test_the_claims_table(protocol, capsys):
     table_a = rows["MSFA's cumulants predict the test reward better than USFA-learned's (Table A)"]
     assert table_a[2].startswith("-0.300 [") and table_a[3] == "holds"
     assert not any("entangled" in claim for claim in rows)  # their runs are missing: left out
+
+
+def test_the_claims_of_an_exported_protocol_are_those_of_the_protocol(protocol):
+    """results.export packs each run's eval.csv (eval.csv.xz, common.run.pack_table): results.claims, like every
+    results tool, reads the packed table as it is and says the same."""
+    claims.main(claims.Args(out_dir=str(protocol)))
+    plain = (protocol / "claims.md").read_text()
+    for run in protocol.iterdir():
+        if (run / "eval.csv").exists():
+            pack_table(run / "eval.csv", run / "eval.csv")
+    assert not list(protocol.glob("*/eval.csv")) and len(list(protocol.glob("*/eval.csv.xz"))) == 3
+    claims.main(claims.Args(out_dir=str(protocol)))
+    assert (protocol / "claims.md").read_text() == plain

@@ -5,6 +5,7 @@ whose timeline does not depend on this machine's speed."""
 
 import csv
 import json
+import lzma
 import os
 import shutil
 import signal
@@ -89,7 +90,8 @@ def test_the_protocol_runs_one_method_per_device_in_order_and_skips_complete_one
     summary = read_summary(out)["methods"]
     assert all(e["complete"] for e in summary.values()) and set(summary) == set("abcd")
     assert json.loads((out / "c" / "config.json").read_text())["resumes"] == [1]
-    assert "exit_status" not in summary["a"]  # skipped: it was complete
+    assert summary["a"]["exit_status"] == 0 and "earlier" not in summary["a"]  # skipped (complete): its record kept
+    assert summary["c"]["exit_status"] == 0 and [r["exit_status"] for r in summary["c"]["earlier"]] == [1]
 
 
 def test_the_protocol_stops_cleanly_at_max_minutes_or_ctrl_c_and_resumes(tmp_path, monkeypatch):
@@ -150,8 +152,8 @@ def test_on_a_cpu_each_seed_trains_in_its_own_pinned_process_and_the_seeds_are_m
             "params_seed1.eqx", "params_seed2.eqx", "params_seed3.eqx"]
         assert set(summary["methods"][method]["seed_runs"]) == {f"{method}/seed{k}" for k in (1, 2, 3)}
     assert len({json.loads((out / "a" / f"seed{k}" / "config.json").read_text())["cores"][0] for k in (1, 2)}) == 2
-    protocol.main(protocol.Args(str(out), resume=True, devices=("0", "1")))
-    assert "seed_runs" in read_summary(out)["methods"]["a"] and not read_summary(out)["methods"]["a"]["seed_runs"]
+    protocol.main(protocol.Args(str(out), resume=True, devices=("0", "1")))  # nothing to run: the records stay
+    assert read_summary(out)["methods"]["a"]["seed_runs"] == summary["methods"]["a"]["seed_runs"]
 
 
 def test_a_protocol_stopped_part_way_is_exported_without_checkpoints_and_continues_from_the_export(
@@ -194,11 +196,13 @@ def test_a_protocol_stopped_part_way_is_exported_without_checkpoints_and_continu
     dest = tmp_path / "exported"
     export(out, dest, agents=("a",))
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
-    assert files == ["a/analysis/records.json", "a/config.json", "a/eval.csv", "a/metrics.csv", "a/params_seed1.eqz",
-                     "a/params_seed2.eqz", "a/params_seed3.eqz", "b/seed1/analysis/records.json",
-                     "b/seed1/config.json", "b/seed1/eval.csv", "b/seed1/metrics.csv", "b/seed2/config.json",
-                     "b/seed2/eval.csv", "b/seed2/metrics.csv", "b/seed2/params_seed2.eqz", "protocol.json",
+    assert files == ["a/analysis/records.json", "a/config.json", "a/eval.csv.xz", "a/metrics.csv.xz",
+                     "a/params_seed1.eqz", "a/params_seed2.eqz", "a/params_seed3.eqz", "b/seed1/analysis/records.json",
+                     "b/seed1/config.json", "b/seed1/eval.csv.xz", "b/seed1/metrics.csv.xz", "b/seed2/config.json",
+                     "b/seed2/eval.csv.xz", "b/seed2/metrics.csv.xz", "b/seed2/params_seed2.eqz", "protocol.json",
                      "summary.json"]
+    for table in ("metrics.csv", "eval.csv"):  # packed as they were written, byte for byte
+        assert lzma.decompress((dest / "a" / f"{table}.xz").read_bytes()) == (out / "a" / table).read_bytes()
     assert decompress((dest / "a" / "params_seed2.eqz").read_bytes()) == (out / "a" / "params_seed2.eqx").read_bytes()
     assert "left out" in capsys.readouterr().out
 
@@ -208,15 +212,17 @@ def test_a_protocol_stopped_part_way_is_exported_without_checkpoints_and_continu
     protocol.main(protocol.Args(str(again), resume=True, devices=("0", "1")))
     summary = read_summary(again)["methods"]
     assert summary["a"]["complete"] and summary["b"]["complete"] and analysed == ["b/seed2", "b/seed3", "b"]
-    assert set(summary["b"]["seed_runs"]) == {"b/seed3"}  # seeds 1 and 2 came complete; seed 3 started over
+    seed_runs = summary["b"]["seed_runs"]  # seeds 1 and 2 came complete (their records from the export's summary)
+    assert set(seed_runs) == {"b/seed1", "b/seed2", "b/seed3"} and "earlier" not in seed_runs["b/seed1"]
+    assert [r["exit_status"] for r in [seed_runs["b/seed3"], *seed_runs["b/seed3"]["earlier"]]] == [0, 0]  # again
     assert "resumes" not in json.loads((again / "b" / "seed3" / "config.json").read_text())
     assert sorted(p.name for p in (again / "b").glob("params_seed*")) == ["params_seed2.eqz", "params_seed3.eqx"]
     assert (again / "b" / "metrics.csv").read_text().count("\n") == 1 + 3 * 2  # every seed's rows, merged
 
     export(again, dest)
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
-    assert files == ["a/analysis/records.json", "a/config.json", "a/eval.csv", "a/metrics.csv",
-                     "b/analysis/records.json", "b/config.json", "b/eval.csv", "b/metrics.csv", "protocol.json",
+    assert files == ["a/analysis/records.json", "a/config.json", "a/eval.csv.xz", "a/metrics.csv.xz",
+                     "b/analysis/records.json", "b/config.json", "b/eval.csv.xz", "b/metrics.csv.xz", "protocol.json",
                      "summary.json"]
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import lzma
 import math
 from pathlib import Path
 from typing import NamedTuple
@@ -56,6 +57,39 @@ class CsvLog:
         except OSError as error:
             raise SaveFailed(f"could not append to {self.path}: {error.strerror or error}; the rows up to the last "
                              "checkpoint are kept (a resume logs the rest again)") from None
+
+
+PACKED = ".xz"
+"""results.export writes a run's tables as metrics.csv.xz and eval.csv.xz (lzma: a third of the size of gzip's
+metrics.csv; Python's lzma and pandas.read_csv read them as they are, `xzcat` prints them)"""
+
+
+def table_path(path: Path) -> Path:
+    """A run's table (metrics.csv, eval.csv) as the run wrote it or, where only that exists, as results.export packs
+    it (the same name + .xz). The tools read either through open_table."""
+    packed = path.with_name(path.name + PACKED)
+    return packed if not path.exists() and packed.exists() else path
+
+
+def open_table(path: Path):
+    """The table at `path` (or its packed form: table_path) open for reading as text."""
+    path = table_path(path)
+    return lzma.open(path, "rt", newline="") if path.name.endswith(PACKED) else path.open(newline="")
+
+
+def read_table(path: Path) -> str:
+    """The text of the table at `path` (or of its packed form: table_path)."""
+    with open_table(path) as f:
+        return f.read()
+
+
+def pack_table(source: Path, dest: Path) -> Path:
+    """The table at `source` (either form) written to dest + .xz (deterministic: the same rows give the same bytes);
+    a plain table at dest is removed, as table_path would read it first. Returns the file written."""
+    target = dest.with_name(dest.name + PACKED)
+    target.write_bytes(lzma.compress(read_table(source).encode(), preset=9))
+    dest.unlink(missing_ok=True)
+    return target
 
 
 def drop_rows_after(path: Path, step: int) -> None:
