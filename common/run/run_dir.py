@@ -22,9 +22,10 @@ from common.run.scripts import script_of
 from common.run.settings import NOT_SETTINGS, _read_config, default_run_dir, safe_to_change
 
 
-RUN_FILES = ("config.json", "metrics.csv", "eval.csv", "metrics.csv.xz", "eval.csv.xz", "checkpoint.eqx")
-"""what marks a directory as a run's (the .xz tables: results.export's copy of a complete run); between the first and
-the last, what a run logs"""
+LOGGED = ("metrics.csv", "eval.csv", "metrics.csv.xz", "eval.csv.xz")
+"""a run's tables, as it writes them or as results.export packs them (common.run.logs.table_path)"""
+RUN_FILES = ("config.json", *LOGGED, "checkpoint.eqx")
+"""what marks a directory as a run's (an exported copy of a complete run included)"""
 
 
 def _listed(found: list[str]) -> str:
@@ -122,8 +123,7 @@ class RunDir:
                                   f"({', '.join(saved_agents[:3])}: it ran with --no-checkpoint), so it cannot "
                                   "continue; --overwrite (without --resume) moves it aside and starts anew")
         aside = self.path / f"started-over-{time.strftime('%Y%m%d-%H%M%S')}"
-        logged = [p for p in self.path.iterdir()
-                  if p.name in RUN_FILES[1:-1] or p.name.startswith("events.out.tfevents")]
+        logged = [p for p in self.path.iterdir() if p.name in LOGGED or p.name.startswith("events.out.tfevents")]
         if logged:
             aside.mkdir()
             for p in logged:
