@@ -1,8 +1,11 @@
 """Share compiled XLA programs between the tests' tiny training runs (identical programs compile once).
 
-The suite runs in parallel processes (pytest-xdist, pytest.ini): each worker has its own cache folder, since JAX
-writes cache entries without a lock (a worker could read another's half-written entry). The folder is also put in
-the environment, so the runs that tests start as subprocesses (the GPU commands, `python msfa_babyai.py`) share it.
+The suite runs in parallel processes (pytest-xdist, pytest.ini) that share one cache folder, so that a program one
+worker compiled is not compiled again in the other (a whole suite on 2 workers, each with a folder of its own,
+compiled 1,760 of the same programs twice). JAX writes an entry without a lock: a worker that reads an entry the
+other is still writing fails to decompress it, warns and compiles the program itself, so sharing costs at worst
+that compile. The folder is also put in the environment, so the runs that tests start as subprocesses (the
+protocol's, `python msfa_babyai.py`) share it.
 
 Every program is cached, however fast it compiled (JAX's default keeps only those over a second): a fresh process
 otherwise recompiles the ~300 small programs that building a network eagerly and the env make (one per weight shape
@@ -14,14 +17,13 @@ import tempfile
 
 import jax
 
-os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(
-    tempfile.gettempdir(), f"msfa-jax-test-xla-cache-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), "msfa-jax-test-xla-cache")
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
-# ---------------------------------------------------------------------------------------------------- the two tiers
+# ------------------------------------------------------------------------------------------------------- the tiers
 SLOW = {  # test file -> the tests (names, parametrisations aside) in the slow tier, or "*" for all of them
     # whole files: trained runs and what reads them
     "test_learning.py": "*",  # MSFA trained until it learns
@@ -66,8 +68,43 @@ SLOW = {  # test file -> the tests (names, parametrisations aside) in the slow t
                                    "test_the_other_uvfa_variants_train_on_this_env"),
 }
 """The fast tier (`pytest -m "not slow"`, a developer's loop) is the rest: env rules, every hand-worked target and
-loss against every script, the contract, masking, bad input, equivalences at small sizes. The whole suite (plain
-`pytest`, what CI runs) is both."""
+loss against every script, the contract, masking, bad input, equivalences at small sizes."""
+
+EXHAUSTIVE = {  # test file -> tests (with their parametrisation) that repeat a slow check CI already makes once
+    # a tiny end-to-end run: CI runs one per script (msfa, usfa-learned, uvfa-farm); the other variants' losses and
+    # masking are the fast tier's, per variant
+    "test_learners.py": (
+        *(f"test_tiny_run_of_every_script_and_variant[{v}]"
+          for v in ("msfa-entangled-psi", "msfa-entangled-phi", "msfa-entangled-both", "usfa", "uvfa", "mvfa")),
+        "test_tiny_run_with_the_time_limit_as_termination[usfa-learned]",  # CI: [msfa]
+        "test_tiny_run_with_the_time_limit_as_termination[uvfa]",
+        *(f"{t}[{s}]" for t in ("test_same_seed_gives_identical_results_and_seeds_differ",
+                                "test_resume_continues_the_run") for s in ("usfa", "uvfa"))),  # CI: [msfa]
+    # Fruitbot: CI runs MSFA on the JAX game and USFA and UVFA on stock procgen (the host env path)
+    "test_msfa_fruitbot.py": ("test_tiny_run_end_to_end[procgen]",),
+    "test_fruitbot_baselines.py": ("test_tiny_run_end_to_end[hand-designed]", "test_uvfa_tiny_run_end_to_end[mvfa]"),
+    "test_fruitbot_replay.py": tuple(f"{t}[{s}]" for t in (  # CI: [msfa]
+        "test_the_replay_kinds", "test_the_last_steps_in_replay_draw_the_frames_the_actors_see",
+        "test_replay_bytes_is_what_the_buffer_holds", "test_a_resumed_run_continues_exactly") for s in ("mvfa", "usfa")),
+    "test_minihack_baselines.py": ("test_uvfa_tiny_run_end_to_end",),  # CI: USFA's and MSFA's MiniHack runs
+    # the speed-only FARM backends: CI compares them with the plain FARM on BabyAI's MSFA and an odd small case
+    "test_fused_learner.py": tuple(f"test_the_sgd_step_is_the_same_with_the_fused_farm[{v}]" for v in (
+        "msfa-entangled-psi", "msfa-entangled-phi", "msfa-entangled-both", "uvfa-farm", "mvfa",
+        "msfa-time-limit-is-termination", "msfa_fruitbot", "msfa_minihack")),
+    "test_farm_kernels_scripts.py": ("test_the_sgd_step_is_the_same_with_the_kernels[msfa_fruitbot]",
+                                     "test_the_sgd_step_is_the_same_with_the_kernels[uvfa-farm]"),
+    "test_farm_kernels.py": tuple(f"test_the_kernels_compute_farm[{c}]"
+                                  for c in ("msfa_fruitbot", "msfa_minihack", "single_module")),
+    "test_farm_fast.py": tuple(f"test_the_fused_backend_computes_farm[{c}]"
+                               for c in ("msfa_fruitbot", "msfa_minihack", "single_module")),
+    # the benchmark commands: CI runs the learner's on MSFA and the MiniHack env rows
+    "test_benchmarks.py": ("test_the_learner_benchmark_runs_tiny[usfa]",
+                           "test_the_sgd_variants_command_runs_its_rows_and_survives_an_unknown_xla_flag"),
+}
+"""The exhaustive tier: the slow checks repeated for every other script, variant, env backend and FARM backend.
+Plain `pytest` (the README's test command, what CI runs) is both tiers without these, so that it stays well under 30
+minutes on 2 cores; `pytest --exhaustive` adds them (run it before changing what they repeat: a script's run loop,
+an env backend, a FARM backend). A test named on the command line (file::test) always runs."""
 
 
 LONGEST_FIRST = ("test_learners.py", "test_scale.py", "test_learning.py", "test_fruitbot_baselines.py",
@@ -79,19 +116,34 @@ collected first: pytest-xdist hands a worker one file at a time in collection or
 end keeps one worker busy while the other has nothing left to do. The rest follow in their usual order."""
 
 
+def pytest_addoption(parser):
+    parser.addoption("--exhaustive", action="store_true",
+                     help="also run the exhaustive tier (tests/conftest.py EXHAUSTIVE): every slow check repeated for "
+                          "every script, variant and backend")
+
+
 def pytest_collection_modifyitems(config, items):
     import pytest
 
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (stable: each file's order is kept)
-    seen = {}
+    seen, seen_names = {}, {}
     for item in items:
         seen.setdefault(item.path.name, set()).add(item.originalname)
+        seen_names.setdefault(item.path.name, set()).add(item.name)
         slow = SLOW.get(item.path.name, ())
-        if slow == "*" or item.originalname in slow:
+        if slow == "*" or item.originalname in slow or item.name in EXHAUSTIVE.get(item.path.name, ()):
             item.add_marker(pytest.mark.slow)
     whole_files = not config.getoption("keyword") and all("::" not in a for a in config.args)
-    for name, tests in seen.items() if whole_files else ():  # a renamed test must not fall into the fast tier
+    for name, tests in seen.items() if whole_files else ():  # a renamed test must not fall into a faster tier
         unknown = set() if SLOW.get(name) == "*" else set(SLOW.get(name, ())) - tests
+        unknown |= set(EXHAUSTIVE.get(name, ())) - seen_names[name]
         if unknown:
-            raise pytest.UsageError(f"tests/conftest.py SLOW names tests that {name} does not have: {sorted(unknown)}")
+            raise pytest.UsageError(f"tests/conftest.py SLOW or EXHAUSTIVE names tests that {name} does not have: "
+                                    f"{sorted(unknown)}")
+    if config.getoption("exhaustive") or not whole_files:
+        return
+    exhaustive = [item for item in items if item.name in EXHAUSTIVE.get(item.path.name, ())]
+    if exhaustive:
+        config.hook.pytest_deselected(items=exhaustive)
+        items[:] = [item for item in items if item.name not in EXHAUSTIVE.get(item.path.name, ())]
