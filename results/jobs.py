@@ -220,6 +220,21 @@ def job_outcome(folder: Path, job_id: str) -> dict | None:
 
 
 # ---------------------------------------------------------------------------------------------------- one machine
+def share_niceness(pid: int) -> None:
+    """Give the session of process `pid` (a run: a session of its own) this process's niceness.
+
+    Linux kernels that schedule each session as a group (autogroup, on by default in many distributions) share a core
+    between sessions by the session's niceness, not its processes': a run inherits `nice python -m results.protocol`'s
+    niceness, but as a session of its own it would still take an equal share of the cores from the machine's other
+    work. Where the kernel has no such groups there is nothing to do (the file is missing)."""
+    niceness = os.nice(0)
+    if niceness > 0:
+        try:
+            Path(f"/proc/{pid}/autogroup").write_text(str(niceness))
+        except OSError:
+            pass
+
+
 class LocalProcess:
     """A run's process, its output copied to the terminal (prefixed) and to its log. device: a GPU
     (CUDA_VISIBLE_DEVICES), or with cpu_core a core the process is pinned to, single-threaded."""
@@ -234,6 +249,7 @@ class LocalProcess:
         self.process = subprocess.Popen(command, cwd=ROOT, env=run_environment(run, device, cpu_core),
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         start_new_session=True)  # Ctrl-C reaches it through us, once
+        share_niceness(self.process.pid)
         self.copier = threading.Thread(target=self._copy, daemon=True)
         self.copier.start()
 

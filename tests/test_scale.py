@@ -128,6 +128,23 @@ def test_the_runs_share_one_cache_of_compiled_programs_unless_one_is_named(tmp_p
     assert run_environment(run)["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "mine")
 
 
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="this kernel does not group sessions")
+def test_a_niced_protocols_runs_are_as_nice_against_the_machines_other_sessions(tmp_path):
+    """`nice -n 7 python -m results.protocol ...`: each run is a session of its own, which a kernel that schedules
+    sessions as groups (autogroup) would give an equal share of the cores; the protocol gives its runs' sessions its
+    niceness. (A session's niceness can only be raised without privileges, so this runs in a niced subprocess.)"""
+    code = ("from pathlib import Path; from results.jobs import LocalProcess, Run; "
+            f"run = Run('r', [], Path({str(tmp_path)!r}), Path({str(tmp_path / 'r.log')!r})); "
+            "p = LocalProcess(run, ['sleep', '60'], None, False); "
+            "print(Path(f'/proc/{p.process.pid}/autogroup').read_text().split()[-1]); p.process.kill()")
+    own = os.nice(0)
+    for nice, expected in (("7", str(min(own + 7, 19))), ("0", str(own))):
+        shown = subprocess.run(["nice", "-n", nice, sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                               text=True, timeout=120)
+        assert shown.returncode == 0, shown.stderr[-2000:]
+        assert shown.stdout.strip().splitlines()[-1] == expected, shown.stdout
+
+
 def test_on_a_cpu_each_seed_trains_in_its_own_pinned_process_and_the_seeds_are_merged(tmp_path, monkeypatch):
     """The CPU's default (seeds_apart): every (method, seed) is a single-seed run in OUT_DIR/<method>/seed<k>/,
     pinned to one of the cores with XLA single-threaded, as many at once as cores; when a method's seeds are all
