@@ -1,7 +1,7 @@
 """Share compiled XLA programs between the tests' tiny training runs (identical programs compile once).
 
 The suite runs in parallel processes (pytest-xdist, pytest.ini) that share one cache folder, so that a program one
-worker compiled is not compiled again in the other (a whole suite on 2 workers, each with a folder of its own,
+worker compiled is not compiled again in the others (a whole suite on 2 workers, each with a folder of its own,
 compiled 1,760 of the same programs twice). JAX writes an entry without a lock: a worker that reads an entry the
 other is still writing fails to decompress it, warns and compiles the program itself, so sharing costs at worst
 that compile. The folder is also put in the environment, so the runs that tests start as subprocesses (the
