@@ -491,13 +491,20 @@ RUN_RECORD = ("exit_status", "wall_seconds", "ended", "error", "result", "job_id
 def run_record(before: dict | None, now: dict | None) -> dict:
     """summary.json's record of a run: its job in this protocol's invocation, the earlier invocations' jobs of it
     listed under "earlier" (a run stopped and resumed, or started over); the earlier record alone where this
-    invocation did not run it (it came complete), so that a resumed protocol keeps every run's times."""
+    invocation did not run it (it came complete), so that a resumed protocol keeps every run's times.
+
+    A job is known by its SLURM job id: the same id recorded again (another invocation's finishing job, or a job
+    first seen running and now ended) updates its record. A local job is always this invocation's own, however alike
+    its record is to an earlier one (two short runs can end in the same second after the same wall time)."""
     if not now:
         return dict(before or {})
-    if not before or before == now:
+    if not before:
         return dict(now)
     before = dict(before)
-    return {**now, "earlier": [*before.pop("earlier", []), before]}
+    earlier = before.pop("earlier", [])
+    if now.get("job_id") is not None and before.get("job_id") == now["job_id"]:
+        return {**now, "earlier": earlier} if earlier else dict(now)
+    return {**now, "earlier": [*earlier, before]}
 
 
 def finish(args: Args, outcome: dict[str, dict] | None = None, not_started: tuple[str, ...] = (),

@@ -173,6 +173,22 @@ def test_on_a_cpu_each_seed_trains_in_its_own_pinned_process_and_the_seeds_are_m
     assert read_summary(out)["methods"]["a"]["seed_runs"] == summary["methods"]["a"]["seed_runs"]
 
 
+def test_every_job_of_a_run_is_recorded_however_alike_and_a_slurm_job_recorded_again_is_updated():
+    """summary.json's record of a run (protocol.run_record): a local job whose record equals an earlier job's to the
+    0.1 s and the second (two short runs do that) is still another job, kept under "earlier"; a SLURM job is known
+    by its id, so recording it again (seen running, then ended) updates it."""
+    done = {"exit_status": 0, "wall_seconds": 0.5, "ended": "2026-12-03 12:00:00"}
+    assert protocol.run_record(done, dict(done)) == {**done, "earlier": [done]}
+    assert protocol.run_record(None, done) == done and protocol.run_record(done, None) == done
+    stopped = {"exit_status": 143, "wall_seconds": 9.0}
+    assert protocol.run_record({**done, "earlier": [stopped]}, dict(done))["earlier"] == [stopped, done]
+    running, ended = {"job_id": "17"}, {"job_id": "17", **done}
+    assert protocol.run_record(running, ended) == ended
+    failed = {"job_id": "12", "exit_status": 1}
+    assert protocol.run_record({**ended, "earlier": [failed]}, dict(ended)) == {**ended, "earlier": [failed]}
+    assert protocol.run_record(ended, {**done, "job_id": "18"})["earlier"] == [ended]
+
+
 def test_a_protocol_stopped_part_way_is_exported_without_checkpoints_and_continues_from_the_export(
         tmp_path, monkeypatch, capsys):
     """Each seed is analysed (played) as it completes, and each method reported from its seeds' records once it is
