@@ -28,6 +28,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -231,8 +232,11 @@ def share_niceness(pid: int) -> None:
     if niceness > 0:
         try:
             Path(f"/proc/{pid}/autogroup").write_text(str(niceness))
-        except OSError:
+        except FileNotFoundError:  # no session groups in this kernel: the run's own niceness is what counts
             pass
+        except OSError as error:
+            print(f"[protocol] run {pid}'s session could not be made as nice as the protocol ({error}): it takes an "
+                  "equal share of the cores from the machine's other work", file=sys.stderr)
 
 
 class LocalProcess:
