@@ -2,9 +2,12 @@
 
     python -m results.plot results/babyai/comparison/* --out results/babyai/figures [--reference-episodes 100]
 
-- learning_curves.png: mean greedy return over the train tasks (without GPI) and over the test tasks (with GPI where
-  the method has it) against env steps, per method: the mean over seeds of each seed's task-mean, shaded ± one
-  standard error over seeds.
+- learning_curves.png: mean greedy return over the train tasks (without GPI), over the test tasks with GPI where the
+  method has it, and (when a run has GPI) over the test tasks without GPI for every method, against env steps: the
+  mean over seeds of each seed's task-mean, shaded by the spread over seeds that --interval names.
+Every band and error bar but aggregate.png's is --interval over seeds: one standard error (se), or the 95% interval of
+the mean (ci95: Student's t with seeds - 1 degrees of freedom, as the results' READMEs quote); each figure's title
+says which. A run with one seed has none.
 - test_tasks.png (the paper's Figure 3 layout): per test task, every method's return at the latest step all runs
   evaluated (mean ± s.e. over seeds; GPI where the method has it), with the BFS oracle's and random play's returns
   as reference lines (BabyAI; for MiniHack random play's success rate, on the learning curves too;
@@ -29,9 +32,11 @@ import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import tyro
+from scipy import stats
 
 from common.envs.babyai import bfs_oracle_returns, random_policy_returns
 from common.run import exit_on_config_error, format_task, open_table, require, table_path
@@ -49,11 +54,29 @@ class Args:
     """episodes per task for the references (0: none): BabyAI's BFS oracle and random play, MiniHack's random play"""
     actor_window: int = 5
     """metrics.csv rows pooled into one point of actors.png"""
+    interval: Literal["se", "ci95"] = "se"
+    """the spread over seeds drawn as bands and error bars: one standard error, or the 95% Student's t interval"""
 
 
-def mean_se(per_seed: np.ndarray) -> tuple[float, float]:
-    se = per_seed.std(ddof=1) / np.sqrt(len(per_seed)) if len(per_seed) > 1 else 0.0
-    return float(per_seed.mean()), float(se)
+INTERVAL_TEXT = {"se": "mean ± s.e. over seeds", "ci95": "mean and 95% t-interval over seeds"}
+
+
+def mean_spread(per_seed: np.ndarray, interval: str = "se") -> tuple[float, float]:
+    """The mean over seeds and the half-width of `interval` around it (0 for one seed)."""
+    n = len(per_seed)
+    if n < 2:
+        return float(per_seed.mean()), 0.0
+    se = per_seed.std(ddof=1) / np.sqrt(n)
+    return float(per_seed.mean()), float(se * (stats.t.ppf(0.975, n - 1) if interval == "ci95" else 1.0))
+
+
+def learning_curve(table: dict, tasks, gpi: int, interval: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steps, mean over seeds of each seed's mean over `tasks`, and the half-width of `interval`, at every evaluated
+    step where the run has all of `tasks` at this gpi."""
+    points = [(s, task_mean_per_seed(table, s, tasks, gpi)) for s in sorted({s for s, _, _ in table})]
+    points = [(s, mean_spread(v, interval)) for s, v in points if v is not None]
+    return (np.array([s for s, _ in points]), np.array([m for _, (m, _) in points]),
+            np.array([h for _, (_, h) in points]))
 
 
 def task_mean_per_seed(table: dict, step: int, tasks, gpi: int) -> np.ndarray | None:
@@ -103,32 +126,35 @@ def main(args: Args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     seeds = sorted({len(v) for t in tables.values() for v in t.values()})
-    seed_text = f"{'/'.join(map(str, seeds))} seed(s), mean ± s.e. over seeds"
+    seed_text = f"{'/'.join(map(str, seeds))} seed(s), {INTERVAL_TEXT[args.interval]}"
 
-    # learning curves
-    fig, axes = plt.subplots(1, 2, figsize=(15, 4.2), sharex=True)
+    # learning curves: train tasks, test tasks with GPI where the method has it, and (if any run has GPI) test tasks
+    # without GPI for every method, so that each method's policy for w_test alone can be read against the others'
+    any_gpi = any(best_gpi(t) == 1 for t in tables.values())
+    panels = [("train tasks (no GPI)", train_tasks, lambda g: 0, 0),
+              ("test tasks (GPI where the method has it)", test_tasks, lambda g: g, 1)]
+    if any_gpi:
+        panels.append(("test tasks (no GPI: acting on w_test)", test_tasks, lambda g: 0, 1))
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 4.2), sharex=True, sharey=True)
     for d, table in tables.items():
         g = best_gpi(table)
-        for ax, tasks, gpi in ((axes[0], train_tasks, 0), (axes[1], test_tasks, g)):
-            points = [(s, task_mean_per_seed(table, s, tasks, gpi)) for s in sorted({s for s, _, _ in table})]
-            points = [(s, mean_se(v)) for s, v in points if v is not None]
-            if points:
-                steps = np.array([s for s, _ in points])
-                mean = np.array([m for _, (m, _) in points])
-                se = np.array([e for _, (_, e) in points])
-                line, = ax.plot(steps, mean, label=label(d) + ("" if ax is axes[0] or g else " (no GPI)"))
-                ax.fill_between(steps, mean - se, mean + se, color=line.get_color(), alpha=0.2)
+        for ax, (_, tasks, gpi_of, _) in zip(axes, panels):
+            steps, mean, half = learning_curve(table, tasks, gpi_of(g), args.interval)
+            if len(steps):
+                line, = ax.plot(steps, mean, color=f"C{list(tables).index(d)}",
+                                label=label(d) + ("" if ax is not axes[1] or g else " (no GPI)"))
+                ax.fill_between(steps, mean - half, mean + half, color=line.get_color(), alpha=0.2)
     if random_lines is not None:
-        for ax, rand in zip(axes, random_lines):
-            ax.axhline(np.mean(rand), color="grey", linestyle=":",
+        for ax, (_, _, _, split) in zip(axes, panels):
+            ax.axhline(np.mean(random_lines[split]), color="grey", linestyle=":",
                        label=f"random play ({args.reference_episodes} episodes per task)")
-    axes[0].set_title("train tasks (no GPI)")
-    axes[1].set_title("test tasks (GPI where the method has it)")
+    for ax, (title, _, _, _) in zip(axes, panels):
+        ax.set_title(title)
     for ax in axes:
         ax.set_xlabel("env steps per seed")
         ax.set_ylabel("greedy return, mean over tasks")
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(f"Learning curves ({seed_text})")
     fig.tight_layout()
     fig.savefig(out / "learning_curves.png", dpi=120)
@@ -140,16 +166,18 @@ def main(args: Args) -> None:
     step = max(steps)
     written = ["learning_curves.png", "test_tasks.png"]
     task_bars(plt, tables, step, test_tasks, references, f"Test tasks at step {step:,} ({seed_text})",
-              out / "test_tasks.png")
+              out / "test_tasks.png", args.interval)
     msfa = {d: t for d, t in tables.items() if label(d).startswith("MSFA")}
     if len(msfa) > 1:
         task_bars(plt, msfa, step, test_tasks, references,
-                  f"Modularity ablations: test tasks at step {step:,} ({seed_text})", out / "modularity.png")
+                  f"Modularity ablations: test tasks at step {step:,} ({seed_text})", out / "modularity.png",
+                  args.interval)
         written.append("modularity.png")
     with_gpi = {d: t for d, t in tables.items() if best_gpi(t) == 1}
     if with_gpi:
         gpi_bars(plt, with_gpi, step, test_tasks,
-                 f"GPI ablation: mean over the test tasks at step {step:,} ({seed_text})", out / "gpi_ablation.png")
+                 f"GPI ablation: mean over the test tasks at step {step:,} ({seed_text})", out / "gpi_ablation.png",
+                 args.interval)
         written.append("gpi_ablation.png")
     aggregate(plt, tables, step, test_tasks, references, out / "aggregate.png")
     written.append("aggregate.png")
@@ -163,7 +191,7 @@ def main(args: Args) -> None:
             actor_references = fruitbot_random_returns(runs[0], train_tasks, test_tasks, args.reference_episodes,
                                                        training_levels=True)[0]
         actor_curves(plt, with_metrics, train_tasks, args.actor_window, actor_references, args.reference_episodes,
-                     out / "actors.png")
+                     out / "actors.png", args.interval)
         written.append("actors.png")
     print(f"wrote {', '.join(str(out / f) for f in written)} (step {step:,})")
 
@@ -213,8 +241,9 @@ def actor_returns_per_window(metrics_csv: Path, train_tasks, window: int) -> dic
     return out
 
 
-def actor_curves(plt, runs, train_tasks, window: int, random_success, reference_episodes: int, path: Path) -> None:
-    """One panel per train task: each run's actor return per window, mean ± s.e. over its seeds."""
+def actor_curves(plt, runs, train_tasks, window: int, random_success, reference_episodes: int, path: Path,
+                 interval: str = "se") -> None:
+    """One panel per train task: each run's actor return per window, mean and `interval` over its seeds."""
     fig, axes = plt.subplots(1, len(train_tasks), figsize=(5 * len(train_tasks), 3.8), sharey=True)
     for d in runs:
         per_seed = actor_returns_per_window(d / "metrics.csv", train_tasks, window)
@@ -227,8 +256,10 @@ def actor_curves(plt, runs, train_tasks, window: int, random_success, reference_
             mean = np.nanmean(values[:, :, t], 0)
             line, = ax.plot(steps, mean, label=f"{label(d)} ({len(per_seed)} seed(s))")
             if len(per_seed) > 1:
-                se = np.nanstd(values[:, :, t], 0, ddof=1) / np.sqrt(len(per_seed))
-                ax.fill_between(steps, mean - se, mean + se, color=line.get_color(), alpha=0.2)
+                half = np.nanstd(values[:, :, t], 0, ddof=1) / np.sqrt(len(per_seed))
+                if interval == "ci95":
+                    half = half * stats.t.ppf(0.975, len(per_seed) - 1)
+                ax.fill_between(steps, mean - half, mean + half, color=line.get_color(), alpha=0.2)
     for t, ax in enumerate(axes):
         if random_success is not None:
             ax.axhline(random_success[t], color="grey", linestyle=":",
@@ -237,6 +268,7 @@ def actor_curves(plt, runs, train_tasks, window: int, random_success, reference_
         ax.set_xlabel("env steps per seed")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"actors' return (epsilon-greedy), {window} log rows pooled")
+    fig.suptitle(f"Training actors' return ({INTERVAL_TEXT[interval]})")
     if axes[-1].get_legend_handles_labels()[0]:
         axes[-1].legend(fontsize=8, loc="lower right")
     else:  # no run has a whole window of log rows yet, and no random-play reference was asked for
@@ -246,17 +278,18 @@ def actor_curves(plt, runs, train_tasks, window: int, random_success, reference_
     plt.close(fig)
 
 
-def task_bars(plt, tables: dict, step: int, test_tasks, references, title: str, path: Path) -> None:
-    """Per test task, each run's return at `step` (GPI where it has it), mean ± s.e. over seeds, with the BFS
+def task_bars(plt, tables: dict, step: int, test_tasks, references, title: str, path: Path,
+              interval: str = "se") -> None:
+    """Per test task, each run's return at `step` (GPI where it has it), mean and `interval` over seeds, with the BFS
     oracle (dashed) and random play (dotted) where references are given."""
     names = [format_task(w) for w in test_tasks]
     fig, ax = plt.subplots(figsize=(13, 4.8))
     width = 0.8 / len(tables)
     for i, (d, table) in enumerate(tables.items()):
         g = best_gpi(table)
-        stats = [mean_se(np.asarray(table[(step, n, g)])) for n in names]
-        ax.bar(np.arange(len(names)) + (i - (len(tables) - 1) / 2) * width, [m for m, _ in stats], width,
-               yerr=[e for _, e in stats], capsize=2, label=label(d) + ("" if g else " (no GPI)"))
+        cells = [mean_spread(np.asarray(table[(step, n, g)]), interval) for n in names]
+        ax.bar(np.arange(len(names)) + (i - (len(tables) - 1) / 2) * width, [m for m, _ in cells], width,
+               yerr=[e for _, e in cells], capsize=2, label=label(d) + ("" if g else " (no GPI)"))
     if references is not None:
         oracle, rand = references
         for j in range(len(names)):
@@ -274,12 +307,12 @@ def task_bars(plt, tables: dict, step: int, test_tasks, references, title: str, 
     plt.close(fig)
 
 
-def gpi_bars(plt, tables: dict, step: int, test_tasks, title: str, path: Path) -> None:
-    """Per SF method: each seed's mean over the test tasks with and without GPI, mean ± s.e. over seeds."""
+def gpi_bars(plt, tables: dict, step: int, test_tasks, title: str, path: Path, interval: str = "se") -> None:
+    """Per SF method: each seed's mean over the test tasks with and without GPI, mean and `interval` over seeds."""
     fig, ax = plt.subplots(figsize=(1.6 * len(tables) + 3, 4.2))
     for i, (d, table) in enumerate(tables.items()):
         for g, offset, hatch in ((1, -0.2, None), (0, 0.2, "//")):
-            m, e = mean_se(task_mean_per_seed(table, step, test_tasks, g))
+            m, e = mean_spread(task_mean_per_seed(table, step, test_tasks, g), interval)
             ax.bar(i + offset, m, 0.4, yerr=e, capsize=3, color=f"C{i}", hatch=hatch, edgecolor="black",
                    label=("GPI over the train tasks" if g else "no GPI (act on w_test)") if i == 0 else None)
     ax.set_xticks(range(len(tables)), [label(d) for d in tables], rotation=15, fontsize=8)

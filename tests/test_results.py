@@ -52,6 +52,33 @@ def test_plot_writes_learning_curves_and_test_task_figures(tmp_path, capsys):
     assert "IQM Q method (no GPI): 6.500 " in out
 
 
+def test_plot_spread_over_seeds_hand_worked(tmp_path):
+    """The bands and error bars: one standard error, or the 95% Student's t interval of the mean over seeds."""
+    from results import plot
+
+    # seeds 1, 2, 3: mean 2, sample std 1, s.e. 1/sqrt(3) = 0.57735; t(0.975, 2 d.o.f.) = 4.30265
+    assert plot.mean_spread(np.array([1.0, 2.0, 3.0]), "se") == pytest.approx((2.0, 0.57735), abs=1e-5)
+    assert plot.mean_spread(np.array([1.0, 2.0, 3.0]), "ci95") == pytest.approx((2.0, 2.48414), abs=1e-5)
+    assert plot.mean_spread(np.array([4.0]), "ci95") == (4.0, 0.0)  # one seed has no spread
+    # the fake run's seeds 1 and 2 score value + seed + gpi on every task: mean value + 1.5 + gpi, s.e. 0.5,
+    # t(0.975, 1 d.o.f.) = 12.7062, so the 95% half-width is 6.3531
+    table = plot.read_eval(Path(fake_run(tmp_path, "sf", "MSFA", (10, 20), (0, 1), 1.0)))
+    from common.envs.babyai import TEST_TASKS
+    steps, mean, half = plot.learning_curve(table, TEST_TASKS, 1, "ci95")
+    assert list(steps) == [10, 20] and mean == pytest.approx([3.5, 3.5]) and half == pytest.approx([6.3531] * 2, 1e-4)
+    steps, mean, half = plot.learning_curve(table, TEST_TASKS, 0, "se")
+    assert mean == pytest.approx([2.5, 2.5]) and half == pytest.approx([0.5, 0.5])
+
+
+def test_plot_draws_95_percent_intervals_with_a_no_gpi_panel(tmp_path):
+    from results import plot
+
+    runs = (fake_run(tmp_path, "sf", "MSFA", (10, 20), (0, 1), 1.0), fake_run(tmp_path, "q", "Q method", (10, 20), (0,), 5.0))
+    plot.main(plot.Args(run_dirs=runs, out=str(tmp_path / "figures"), reference_episodes=0, interval="ci95"))
+    for name in ("learning_curves.png", "test_tasks.png", "gpi_ablation.png", "aggregate.png"):
+        assert (tmp_path / "figures" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_plot_leaves_out_the_modularity_figure_without_msfa_variants(tmp_path):
     from results import plot
 
