@@ -73,7 +73,8 @@ def test_plot_spread_over_seeds_hand_worked(tmp_path):
 def test_plot_draws_95_percent_intervals_with_a_no_gpi_panel(tmp_path):
     from results import plot
 
-    runs = (fake_run(tmp_path, "sf", "MSFA", (10, 20), (0, 1), 1.0), fake_run(tmp_path, "q", "Q method", (10, 20), (0,), 5.0))
+    runs = (fake_run(tmp_path, "sf", "MSFA", (10, 20), (0, 1), 1.0),
+            fake_run(tmp_path, "q", "Q method", (10, 20), (0,), 5.0))
     plot.main(plot.Args(run_dirs=runs, out=str(tmp_path / "figures"), reference_episodes=0, interval="ci95"))
     for name in ("learning_curves.png", "test_tasks.png", "gpi_ablation.png", "aggregate.png"):
         assert (tmp_path / "figures" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
