@@ -131,15 +131,15 @@ def main(args: Args) -> None:
     # learning curves: train tasks, test tasks with GPI where the method has it, and (if any run has GPI) test tasks
     # without GPI for every method, so that each method's policy for w_test alone can be read against the others'
     any_gpi = any(best_gpi(t) == 1 for t in tables.values())
-    panels = [("train tasks (no GPI)", train_tasks, lambda g: 0, 0),
-              ("test tasks (GPI where the method has it)", test_tasks, lambda g: g, 1)]
+    panels = [("train tasks (no GPI)", train_tasks, False, 0),  # (title, tasks, GPI where the method has it, split)
+              ("test tasks (GPI where the method has it)", test_tasks, True, 1)]
     if any_gpi:
-        panels.append(("test tasks (no GPI: acting on w_test)", test_tasks, lambda g: 0, 1))
+        panels.append(("test tasks (no GPI: acting on w_test)", test_tasks, False, 1))
     fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 4.2), sharex=True, sharey=True)
     for d, table in tables.items():
         g = best_gpi(table)
-        for ax, (_, tasks, gpi_of, _) in zip(axes, panels):
-            steps, mean, half = learning_curve(table, tasks, gpi_of(g), args.interval)
+        for ax, (_, tasks, with_gpi, _) in zip(axes, panels):
+            steps, mean, half = learning_curve(table, tasks, g if with_gpi else 0, args.interval)
             if len(steps):
                 line, = ax.plot(steps, mean, color=f"C{list(tables).index(d)}",
                                 label=label(d) + ("" if ax is not axes[1] or g else " (no GPI)"))
