@@ -20,6 +20,9 @@ A comparison is the difference of two such means, A - B, with its interval: seed
 of one method). It "holds" where the interval lies wholly on the paper's side of 0, is "reversed" where it lies
 wholly on the other, and is "not resolved" where it holds 0. USFA with the env's cumulants has no side: it is the
 reference an SF method can reach.
+
+Then per test task, each method's return with GPI (the SF methods) and without (every method), mean over seeds and its
+95% bootstrap interval, beside the BFS oracle's and random play's stored returns (the paper's Figure 3 as a table).
 """
 
 from __future__ import annotations
@@ -73,20 +76,35 @@ class Args:
     """where to write the markdown (default OUT_DIR/claims.md)"""
 
 
-def per_seed_measures(run_dir: Path) -> tuple[int, dict[str, dict[int, float]]]:
-    """A method's last evaluated step and {measure: {seed: value}} (module doc)."""
+def last_evaluation(run_dir: Path) -> tuple[int, list[dict]]:
+    """A run's last evaluated step and eval.csv's rows at it (each task one of the paper's tasks of its split)."""
     with open_table(run_dir / "eval.csv") as f:
         rows = list(csv.DictReader(f))
     require(bool(rows), f"{run_dir / 'eval.csv'} has no evaluation yet")
     step = max(int(r["step"]) for r in rows)
-    train, test = {format_task(w) for w in TRAIN_TASKS}, {format_task(w) for w in TEST_TASKS}
+    tasks = {"train": {format_task(w) for w in TRAIN_TASKS}, "test": {format_task(w) for w in TEST_TASKS}}
+    rows = [r for r in rows if int(r["step"]) == step]
+    for r in rows:
+        require(r["task"] in tasks[r["split"]], f"{run_dir / 'eval.csv'}: task {r['task']} is not one of the "
+                                                f"paper's {r['split']} tasks; results.claims reads the paper's BabyAI "
+                                                "protocol")
+    return step, rows
+
+
+def per_task_returns(rows: list[dict]) -> dict[tuple[str, int], dict[int, float]]:
+    """{(test task, gpi): {seed: greedy return}} of a run's last evaluation (last_evaluation's rows)."""
+    out: dict[tuple[str, int], dict[int, float]] = {}
+    for r in rows:
+        if r["split"] == "test":
+            out.setdefault((r["task"], int(r["gpi"])), {})[int(r["seed"])] = float(r["return_mean"])
+    return {key: dict(sorted(by_seed.items())) for key, by_seed in out.items()}
+
+
+def per_seed_measures(run_dir: Path) -> tuple[int, dict[str, dict[int, float]]]:
+    """A method's last evaluated step and {measure: {seed: value}} (module doc)."""
+    step, rows = last_evaluation(run_dir)
     values: dict[str, dict[int, list]] = {}
     for r in rows:
-        if int(r["step"]) != step:
-            continue
-        split = {"train": train, "test": test}[r["split"]]
-        require(r["task"] in split, f"{run_dir / 'eval.csv'}: task {r['task']} is not one of the paper's "
-                                    f"{r['split']} tasks; results.claims reads the paper's BabyAI protocol")
         name = {("train", "0"): "train", ("test", "1"): "test_gpi", ("test", "0"): "test"}.get((r["split"], r["gpi"]))
         if name:
             values.setdefault(name, {}).setdefault(int(r["seed"]), []).append(float(r["return_mean"]))
@@ -133,9 +151,13 @@ def verdict(low: float, high: float, side: int) -> str:
     return "not resolved"
 
 
-def reference_rows(run_dir: Path) -> list[str]:
-    """The BFS oracle's and random play's rows (stored references of the runs' room), where they are stored."""
-    entry = references.stored("babyai", references.room_setting(babyai_room(run_dir)))
+def stored_references(run_dir: Path) -> dict | None:
+    """The BFS oracle's and random play's stored returns in the run's room (results.references), or None."""
+    return references.stored("babyai", references.room_setting(babyai_room(run_dir)))
+
+
+def reference_rows(entry: dict | None) -> list[str]:
+    """The BFS oracle's and random play's rows of the per-method table, where they are stored."""
     if entry is None:
         return []
     rows = []
@@ -164,7 +186,8 @@ def claims(out_dir: Path) -> list[str]:
         cells = [cell(*interval(np.array(list(values[m].values()))), digits=3 if m.startswith("error") else 2)
                  if m in values else "-" for m in MEASURES]
         lines.append(f"| {labels[name]} | {seeds} | {step:,} | " + " | ".join(cells) + " |")
-    lines += reference_rows(next(iter(runs.values())))
+    stored = stored_references(next(iter(runs.values())))
+    lines += reference_rows(stored)
     lines += ["", "## The paper's comparisons", "",
               "A - B: the difference of the means over seeds [95% bootstrap interval]; holds where the interval lies "
               "on the paper's side of 0.", "",
@@ -180,6 +203,32 @@ def claims(out_dir: Path) -> list[str]:
         mean, low, high = interval(np.array(list(x.values())), np.array(list(y.values())), paired=paired)
         lines.append(f"| {claim} | {labels[a]}: {MEASURES[measure_a]} | {labels[b]}: {MEASURES[measure_b]} | "
                      f"{cell(mean, low, high, digits)} | {verdict(low, high, side)} |")
+    lines += per_task_tables({name: per_task_returns(last_evaluation(d)[1]) for name, d in runs.items()}, labels,
+                             stored)
+    return lines
+
+
+def per_task_tables(returns: dict[str, dict], labels: dict[str, str], stored: dict | None) -> list[str]:
+    """Per test task, each method's return with GPI (the methods that have it), then without (every method), each
+    the mean over seeds [95% bootstrap interval], beside the stored references."""
+    policies = list(references.POLICIES["babyai"]) if stored else []
+    lines = []
+    for gpi, title in ((1, "with GPI over the train tasks"), (0, "without GPI (acting on w_test)")):
+        names = [n for n in returns if any(g == gpi for _, g in returns[n])]
+        if not names:
+            continue
+        lines += ["", f"## Per test task, {title}", "",
+                  "Each test task's greedy return at the run's last evaluation: the mean over seeds [95% bootstrap "
+                  "interval over seeds]" + (f"; the references over {stored['episodes']} episodes." if stored
+                                            else "."), "",
+                  "| task | " + " | ".join([labels[n] for n in names] + policies) + " |",
+                  "|---|" + "---:|" * (len(names) + len(policies))]
+        for w in TEST_TASKS:
+            task = format_task(w)
+            cells = [cell(*interval(np.array(list(returns[n][(task, gpi)].values())))) if (task, gpi) in returns[n]
+                     else "-" for n in names]
+            cells += [f"{stored['returns'][p][task]['mean']:.2f}" for p in policies]
+            lines.append(f"| {task} | " + " | ".join(cells) + " |")
     return lines
 
 

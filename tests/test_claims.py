@@ -107,3 +107,24 @@ def test_the_claims_of_an_exported_protocol_are_those_of_the_protocol(protocol):
     assert not list(protocol.glob("*/eval.csv")) and len(list(protocol.glob("*/eval.csv.xz"))) == 3
     claims.main(claims.Args(out_dir=str(protocol)))
     assert (protocol / "claims.md").read_text() == plain
+
+
+def test_the_per_test_task_tables(protocol):
+    """Per test task, with GPI (the SF methods only) and without (every method), beside the stored references."""
+    claims.main(claims.Args(out_dir=str(protocol)))
+    text = (protocol / "claims.md").read_text()
+    sections = {}
+    for part in text.split("\n## ")[1:]:
+        title, *body = part.splitlines()
+        sections[title] = [[c.strip() for c in line.split("|")[1:-1]] for line in body if line.startswith("| ")]
+    with_gpi = sections["Per test task, with GPI over the train tasks"]
+    without = sections["Per test task, without GPI (acting on w_test)"]
+    assert with_gpi[0] == ["task", "MSFA", "USFA (learned cumulants)", "BFS oracle", "random"]  # no GPI, no column
+    assert without[0] == ["task", "MSFA", "USFA (learned cumulants)", "UVFA-FARM", "BFS oracle", "random"]
+    assert [row[0] for row in with_gpi[1:]] == [format_task(w) for w in TEST_TASKS]
+    # every test task scores the seed's value: MSFA's seeds 9, 10, 11 with GPI and 5, 6, 7 without
+    assert {row[1] for row in with_gpi[1:]} == {"10.00 [9.00, 11.00]"}
+    assert {row[1] for row in without[1:]} == {"6.00 [5.00, 7.00]"} and {row[3] for row in without[1:]} == {
+        "13.00 [12.00, 14.00]"}
+    # the paper's room's stored references on 1,1,0,0 (docs/babyai.md: 47.86 and 2.44 over 100 episodes)
+    assert with_gpi[1][3:] == ["47.86", "2.44"] and without[1][4:] == ["47.86", "2.44"]
