@@ -84,10 +84,15 @@ def last_evaluation(run_dir: Path) -> tuple[int, list[dict]]:
     step = max(int(r["step"]) for r in rows)
     tasks = {"train": {format_task(w) for w in TRAIN_TASKS}, "test": {format_task(w) for w in TEST_TASKS}}
     rows = [r for r in rows if int(r["step"]) == step]
+    seen = set()
     for r in rows:
         require(r["task"] in tasks[r["split"]], f"{run_dir / 'eval.csv'}: task {r['task']} is not one of the "
                                                 f"paper's {r['split']} tasks; results.claims reads the paper's BabyAI "
                                                 "protocol")
+        key = (r["seed"], r["split"], r["task"], r["gpi"])
+        require(key not in seen, f"{run_dir / 'eval.csv'} has two rows for seed {key[0]}, task {key[2]}, gpi "
+                                 f"{key[3]} at step {step:,}; pass a run's own eval.csv, not joined ones")
+        seen.add(key)
     return step, rows
 
 
@@ -100,9 +105,11 @@ def per_task_returns(rows: list[dict]) -> dict[tuple[str, int], dict[int, float]
     return {key: dict(sorted(by_seed.items())) for key, by_seed in out.items()}
 
 
-def per_seed_measures(run_dir: Path) -> tuple[int, dict[str, dict[int, float]]]:
-    """A method's last evaluated step and {measure: {seed: value}} (module doc)."""
-    step, rows = last_evaluation(run_dir)
+def per_seed_measures(run_dir: Path, evaluation: tuple[int, list[dict]] | None = None
+                      ) -> tuple[int, dict[str, dict[int, float]]]:
+    """A method's last evaluated step and {measure: {seed: value}} (module doc); `evaluation` is the run's
+    last_evaluation where it was read already."""
+    step, rows = evaluation or last_evaluation(run_dir)
     values: dict[str, dict[int, list]] = {}
     for r in rows:
         name = {("train", "0"): "train", ("test", "1"): "test_gpi", ("test", "0"): "test"}.get((r["split"], r["gpi"]))
@@ -133,10 +140,15 @@ def interval(*samples: np.ndarray, paired: bool = False) -> tuple[float, float, 
     return point, float(ci.low), float(ci.high)
 
 
+def number(x: float, digits: int = 2) -> str:
+    """x to `digits` decimals, with no sign on a value that rounds to zero (-0.001 is "0.00", not "-0.00")."""
+    return f"{x:.{digits}f}" if round(x, digits) != 0 else f"{0.0:.{digits}f}"
+
+
 def cell(mean: float, low: float, high: float, digits: int = 2) -> str:
     if np.isnan(low):
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+        return number(mean, digits)
+    return f"{number(mean, digits)} [{number(low, digits)}, {number(high, digits)}]"
 
 
 def verdict(low: float, high: float, side: int) -> str:
@@ -173,7 +185,8 @@ def reference_rows(entry: dict | None) -> list[str]:
 def claims(out_dir: Path) -> list[str]:
     runs = {d.name: d for d in sorted(out_dir.iterdir()) if table_path(d / "eval.csv").exists()}
     require(bool(runs), f"{out_dir} holds no run folder with an eval.csv; pass a protocol's folder")
-    measured = {name: per_seed_measures(d) for name, d in runs.items()}
+    evaluations = {name: last_evaluation(d) for name, d in runs.items()}
+    measured = {name: per_seed_measures(d, evaluations[name]) for name, d in runs.items()}
     labels = {name: run_label(json.loads((d / "config.json").read_text()), name) for name, d in runs.items()}
     lines = ["## Per method", "",
              "At each run's last evaluation; per seed the mean over the split's tasks, then the mean over seeds "
@@ -203,7 +216,7 @@ def claims(out_dir: Path) -> list[str]:
         mean, low, high = interval(np.array(list(x.values())), np.array(list(y.values())), paired=paired)
         lines.append(f"| {claim} | {labels[a]}: {MEASURES[measure_a]} | {labels[b]}: {MEASURES[measure_b]} | "
                      f"{cell(mean, low, high, digits)} | {verdict(low, high, side)} |")
-    lines += per_task_tables({name: per_task_returns(last_evaluation(d)[1]) for name, d in runs.items()}, labels,
+    lines += per_task_tables({name: per_task_returns(rows) for name, (_, rows) in evaluations.items()}, labels,
                              stored)
     return lines
 
@@ -219,7 +232,7 @@ def per_task_tables(returns: dict[str, dict], labels: dict[str, str], stored: di
             continue
         lines += ["", f"## Per test task, {title}", "",
                   "Each test task's greedy return at the run's last evaluation: the mean over seeds [95% bootstrap "
-                  "interval over seeds]" + (f"; the references over {stored['episodes']} episodes." if stored
+                  "interval over seeds]" + (f"; the references over {stored['episodes']} episodes per task." if stored
                                             else "."), "",
                   "| task | " + " | ".join([labels[n] for n in names] + policies) + " |",
                   "|---|" + "---:|" * (len(names) + len(policies))]

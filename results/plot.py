@@ -4,26 +4,25 @@
 
 - learning_curves.png: mean greedy return over the train tasks (without GPI), over the test tasks with GPI where the
   method has it, and (when a run has GPI) over the test tasks without GPI for every method, against env steps: the
-  mean over seeds of each seed's task-mean, shaded by the spread over seeds that --interval names.
-Every band and error bar but aggregate.png's is --interval over seeds: one standard error (se), or the 95% interval of
-the mean (ci95: Student's t with seeds - 1 degrees of freedom, as the results' READMEs quote); each figure's title
-says which. A run with one seed has none.
+  mean over seeds of each seed's task-mean, shaded by --interval over seeds.
 - test_tasks.png (the paper's Figure 3 layout): per test task, every method's return at the latest step all runs
-  evaluated (mean ± s.e. over seeds; GPI where the method has it), with the BFS oracle's and random play's returns
-  as reference lines (BabyAI; for MiniHack random play's success rate, on the learning curves too;
+  evaluated (mean and --interval over seeds; GPI where the method has it), with the BFS oracle's and random play's
+  returns as reference lines (BabyAI; for MiniHack random play's success rate, on the learning curves too;
   --reference-episodes 0 leaves them out).
 - modularity.png (the paper's Figure 4a), when two or more MSFA variants are given: the same layout for MSFA and its
   entangled-phi/psi ablations alone.
 - gpi_ablation.png (Figure 4b): per SF method, the mean test-task return with GPI over the train tasks and acting
-  on w_test directly (no GPI), mean ± s.e. over seeds.
+  on w_test directly (no GPI), mean and --interval over seeds.
 - actors.png: per train task, the training actors' return (epsilon-greedy on the training levels: what the original
   logs for the train tasks) from metrics.csv, pooled over windows of --actor-window rows (weighted by the rows'
-  episode counts where metrics.csv has them), mean ± s.e. over seeds; for MiniHack with random play's success on
+  episode counts where metrics.csv has them), mean and --interval over seeds; for MiniHack with random play's success on
   the training levels as the reference.
 - aggregate.png (beyond the paper, since seeds are few): the interquartile mean over seeds x test tasks of the
   oracle-normalised return, (R - random) / (oracle - random), with 95% stratified-bootstrap confidence intervals
   (rliable); raw returns when --reference-episodes is 0.
-The runs are read from their eval.csv and config.json (the method's name); each figure says how many seeds it shows.
+The runs are read from their eval.csv and config.json (the method's name); each figure says how many seeds it shows,
+and each method keeps its colour in every figure. --interval is the spread drawn over seeds: one standard error (se),
+or the 95% interval of the mean (ci95: Student's t with seeds - 1 degrees of freedom); a run with one seed has none.
 """
 
 from __future__ import annotations
@@ -61,13 +60,16 @@ class Args:
 INTERVAL_TEXT = {"se": "mean ± s.e. over seeds", "ci95": "mean and 95% t-interval over seeds"}
 
 
+def half_width(std, n: int, interval: str):
+    """The half-width of `interval` around a mean over n >= 2 seeds whose sample standard deviation is std."""
+    return std / np.sqrt(n) * (stats.t.ppf(0.975, n - 1) if interval == "ci95" else 1.0)
+
+
 def mean_spread(per_seed: np.ndarray, interval: str = "se") -> tuple[float, float]:
     """The mean over seeds and the half-width of `interval` around it (0 for one seed)."""
     n = len(per_seed)
-    if n < 2:
-        return float(per_seed.mean()), 0.0
-    se = per_seed.std(ddof=1) / np.sqrt(n)
-    return float(per_seed.mean()), float(se * (stats.t.ppf(0.975, n - 1) if interval == "ci95" else 1.0))
+    spread = half_width(per_seed.std(ddof=1), n, interval) if n > 1 else 0.0
+    return float(per_seed.mean()), float(spread)
 
 
 def learning_curve(table: dict, tasks, gpi: int, interval: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -127,6 +129,7 @@ def main(args: Args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     seeds = sorted({len(v) for t in tables.values() for v in t.values()})
     seed_text = f"{'/'.join(map(str, seeds))} seed(s), {INTERVAL_TEXT[args.interval]}"
+    colours = {d: f"C{i}" for i, d in enumerate(tables)}  # a method keeps its colour in every figure
 
     # learning curves: train tasks, test tasks with GPI where the method has it, and (if any run has GPI) test tasks
     # without GPI for every method, so that each method's policy for w_test alone can be read against the others'
@@ -141,9 +144,8 @@ def main(args: Args) -> None:
         for ax, (_, tasks, with_gpi, _) in zip(axes, panels):
             steps, mean, half = learning_curve(table, tasks, g if with_gpi else 0, args.interval)
             if len(steps):
-                line, = ax.plot(steps, mean, color=f"C{list(tables).index(d)}",
-                                label=label(d) + ("" if ax is not axes[1] or g else " (no GPI)"))
-                ax.fill_between(steps, mean - half, mean + half, color=line.get_color(), alpha=0.2)
+                ax.plot(steps, mean, color=colours[d], label=label(d) + ("" if g else " (no GPI)"))
+                ax.fill_between(steps, mean - half, mean + half, color=colours[d], alpha=0.2)
     if random_lines is not None:
         for ax, (_, _, _, split) in zip(axes, panels):
             ax.axhline(np.mean(random_lines[split]), color="grey", linestyle=":",
@@ -166,18 +168,18 @@ def main(args: Args) -> None:
     step = max(steps)
     written = ["learning_curves.png", "test_tasks.png"]
     task_bars(plt, tables, step, test_tasks, references, f"Test tasks at step {step:,} ({seed_text})",
-              out / "test_tasks.png", args.interval)
+              out / "test_tasks.png", colours, args.interval)
     msfa = {d: t for d, t in tables.items() if label(d).startswith("MSFA")}
     if len(msfa) > 1:
         task_bars(plt, msfa, step, test_tasks, references,
                   f"Modularity ablations: test tasks at step {step:,} ({seed_text})", out / "modularity.png",
-                  args.interval)
+                  colours, args.interval)
         written.append("modularity.png")
     with_gpi = {d: t for d, t in tables.items() if best_gpi(t) == 1}
     if with_gpi:
         gpi_bars(plt, with_gpi, step, test_tasks,
-                 f"GPI ablation: mean over the test tasks at step {step:,} ({seed_text})", out / "gpi_ablation.png",
-                 args.interval)
+                 f"GPI ablation: mean over the test tasks at step {step:,}\n({seed_text})", out / "gpi_ablation.png",
+                 colours, args.interval)
         written.append("gpi_ablation.png")
     aggregate(plt, tables, step, test_tasks, references, out / "aggregate.png")
     written.append("aggregate.png")
@@ -191,7 +193,7 @@ def main(args: Args) -> None:
             actor_references = fruitbot_random_returns(runs[0], train_tasks, test_tasks, args.reference_episodes,
                                                        training_levels=True)[0]
         actor_curves(plt, with_metrics, train_tasks, args.actor_window, actor_references, args.reference_episodes,
-                     out / "actors.png", args.interval)
+                     out / "actors.png", colours, args.interval)
         written.append("actors.png")
     print(f"wrote {', '.join(str(out / f) for f in written)} (step {step:,})")
 
@@ -242,7 +244,7 @@ def actor_returns_per_window(metrics_csv: Path, train_tasks, window: int) -> dic
 
 
 def actor_curves(plt, runs, train_tasks, window: int, random_success, reference_episodes: int, path: Path,
-                 interval: str = "se") -> None:
+                 colours: dict, interval: str = "se") -> None:
     """One panel per train task: each run's actor return per window, mean and `interval` over its seeds."""
     fig, axes = plt.subplots(1, len(train_tasks), figsize=(5 * len(train_tasks), 3.8), sharey=True)
     for d in runs:
@@ -254,12 +256,10 @@ def actor_curves(plt, runs, train_tasks, window: int, random_success, reference_
         values = np.stack([v[:length] for _, v in per_seed.values()])  # [seeds, W, tasks]
         for t, ax in enumerate(axes):
             mean = np.nanmean(values[:, :, t], 0)
-            line, = ax.plot(steps, mean, label=f"{label(d)} ({len(per_seed)} seed(s))")
+            ax.plot(steps, mean, color=colours[d], label=f"{label(d)} ({len(per_seed)} seed(s))")
             if len(per_seed) > 1:
-                half = np.nanstd(values[:, :, t], 0, ddof=1) / np.sqrt(len(per_seed))
-                if interval == "ci95":
-                    half = half * stats.t.ppf(0.975, len(per_seed) - 1)
-                ax.fill_between(steps, mean - half, mean + half, color=line.get_color(), alpha=0.2)
+                half = half_width(np.nanstd(values[:, :, t], 0, ddof=1), len(per_seed), interval)
+                ax.fill_between(steps, mean - half, mean + half, color=colours[d], alpha=0.2)
     for t, ax in enumerate(axes):
         if random_success is not None:
             ax.axhline(random_success[t], color="grey", linestyle=":",
@@ -278,7 +278,7 @@ def actor_curves(plt, runs, train_tasks, window: int, random_success, reference_
     plt.close(fig)
 
 
-def task_bars(plt, tables: dict, step: int, test_tasks, references, title: str, path: Path,
+def task_bars(plt, tables: dict, step: int, test_tasks, references, title: str, path: Path, colours: dict,
               interval: str = "se") -> None:
     """Per test task, each run's return at `step` (GPI where it has it), mean and `interval` over seeds, with the BFS
     oracle (dashed) and random play (dotted) where references are given."""
@@ -289,7 +289,7 @@ def task_bars(plt, tables: dict, step: int, test_tasks, references, title: str, 
         g = best_gpi(table)
         cells = [mean_spread(np.asarray(table[(step, n, g)]), interval) for n in names]
         ax.bar(np.arange(len(names)) + (i - (len(tables) - 1) / 2) * width, [m for m, _ in cells], width,
-               yerr=[e for _, e in cells], capsize=2, label=label(d) + ("" if g else " (no GPI)"))
+               yerr=[e for _, e in cells], capsize=2, color=colours[d], label=label(d) + ("" if g else " (no GPI)"))
     if references is not None:
         oracle, rand = references
         for j in range(len(names)):
@@ -307,13 +307,14 @@ def task_bars(plt, tables: dict, step: int, test_tasks, references, title: str, 
     plt.close(fig)
 
 
-def gpi_bars(plt, tables: dict, step: int, test_tasks, title: str, path: Path, interval: str = "se") -> None:
+def gpi_bars(plt, tables: dict, step: int, test_tasks, title: str, path: Path, colours: dict,
+             interval: str = "se") -> None:
     """Per SF method: each seed's mean over the test tasks with and without GPI, mean and `interval` over seeds."""
     fig, ax = plt.subplots(figsize=(1.6 * len(tables) + 3, 4.2))
     for i, (d, table) in enumerate(tables.items()):
         for g, offset, hatch in ((1, -0.2, None), (0, 0.2, "//")):
             m, e = mean_spread(task_mean_per_seed(table, step, test_tasks, g), interval)
-            ax.bar(i + offset, m, 0.4, yerr=e, capsize=3, color=f"C{i}", hatch=hatch, edgecolor="black",
+            ax.bar(i + offset, m, 0.4, yerr=e, capsize=3, color=colours[d], hatch=hatch, edgecolor="black",
                    label=("GPI over the train tasks" if g else "no GPI (act on w_test)") if i == 0 else None)
     ax.set_xticks(range(len(tables)), [label(d) for d in tables], rotation=15, fontsize=8)
     ax.set_ylabel("greedy return, mean over the test tasks")

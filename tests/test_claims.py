@@ -14,8 +14,9 @@ EVAL_FIELDS = ["step", "seed", "split", "task", "gpi", "episodes", "return_mean"
 
 
 def write_method(root, name, method, returns, errors=None, last=1000):
-    """A method's run folder: seed s returns returns[split, gpi][s] on every task of the split at step `last` (and
-    something else at an earlier step, which must not count); errors[split][s] in analysis/per_seed.csv."""
+    """A method's run folder: seed s returns returns[split, gpi][s] + (t - mean t) / 10 on task t of the split at step
+    `last` (the mean over the split's tasks is returns[split, gpi][s]; something else at an earlier step, which must
+    not count); errors[split][s] in analysis/per_seed.csv."""
     run = root / name
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"method": method, "script": "msfa_babyai.py", "args": {}}))
@@ -24,8 +25,9 @@ def write_method(root, name, method, returns, errors=None, last=1000):
         writer.writeheader()
         for (split, gpi), by_seed in returns.items():
             for seed, value in enumerate(by_seed, 1):
-                for t, w in enumerate(TRAIN_TASKS if split == "train" else TEST_TASKS):
-                    for step, v in ((last // 2, -50.0), (last, value + (t - 1.5) * 0.1 * (split == "train"))):
+                tasks = TRAIN_TASKS if split == "train" else TEST_TASKS
+                for t, w in enumerate(tasks):
+                    for step, v in ((last // 2, -50.0), (last, value + (t - (len(tasks) - 1) / 2) * 0.1)):
                         writer.writerow({"step": step, "seed": seed, "split": split, "task": format_task(w),
                                          "gpi": gpi, "episodes": 20, "return_mean": v, "return_std": 0})
     if errors:
@@ -57,7 +59,8 @@ def test_the_measures_are_per_seed_means_over_the_splits_tasks_at_the_last_step(
     step, values = claims.per_seed_measures(protocol / "msfa")
     assert step == 1000
     assert values["train"] == {1: pytest.approx(10), 2: pytest.approx(12), 3: pytest.approx(14)}  # (t - 1.5) .1: 0
-    assert values["test_gpi"] == {1: 9, 2: 10, 3: 11} and values["test"] == {1: 5, 2: 6, 3: 7}
+    assert values["test_gpi"] == pytest.approx({1: 9, 2: 10, 3: 11}) and values["test"] == pytest.approx({1: 5, 2: 6,
+                                                                                                        3: 7})
     assert values["error_test"] == {1: pytest.approx(0.1), 2: pytest.approx(0.1), 3: pytest.approx(0.1)}
     _, values = claims.per_seed_measures(protocol / "uvfa_farm")
     assert "test_gpi" not in values and "error_test" not in values
@@ -74,6 +77,8 @@ def test_intervals_and_verdicts(protocol):
     assert claims.verdict(0.5, 2, +1) == "holds" and claims.verdict(-2, -0.5, +1) == "reversed"
     assert claims.verdict(-0.5, 2, +1) == "not resolved" and claims.verdict(-2, -0.5, -1) == "holds"
     assert claims.verdict(-2, -0.5, 0) == "reference"
+    assert claims.cell(-0.001, -0.004, 0.002) == "0.00 [0.00, 0.00]"  # no "-0.00"
+    assert claims.cell(-0.006, -0.02, 0.01) == "-0.01 [-0.02, 0.01]" and claims.cell(1.5, float("nan"), 0) == "1.50"
 
 
 def test_the_claims_table(protocol, capsys):
@@ -122,9 +127,23 @@ def test_the_per_test_task_tables(protocol):
     assert with_gpi[0] == ["task", "MSFA", "USFA (learned cumulants)", "BFS oracle", "random"]  # no GPI, no column
     assert without[0] == ["task", "MSFA", "USFA (learned cumulants)", "UVFA-FARM", "BFS oracle", "random"]
     assert [row[0] for row in with_gpi[1:]] == [format_task(w) for w in TEST_TASKS]
-    # every test task scores the seed's value: MSFA's seeds 9, 10, 11 with GPI and 5, 6, 7 without
-    assert {row[1] for row in with_gpi[1:]} == {"10.00 [9.00, 11.00]"}
-    assert {row[1] for row in without[1:]} == {"6.00 [5.00, 7.00]"} and {row[3] for row in without[1:]} == {
-        "13.00 [12.00, 14.00]"}
-    # the paper's room's stored references on 1,1,0,0 (docs/babyai.md: 47.86 and 2.44 over 100 episodes)
-    assert with_gpi[1][3:] == ["47.86", "2.44"] and without[1][4:] == ["47.86", "2.44"]
+    # test task t scores the seed's value + (t - 3.5) / 10: MSFA's seeds 9, 10, 11 with GPI, 5, 6, 7 without
+    for t, (gpi_row, row) in enumerate(zip(with_gpi[1:], without[1:])):
+        off = (t - 3.5) / 10
+        assert gpi_row[1] == f"{10 + off:.2f} [{9 + off:.2f}, {11 + off:.2f}]"
+        assert row[1] == f"{6 + off:.2f} [{5 + off:.2f}, {7 + off:.2f}]"
+        assert row[3] == f"{13 + off:.2f} [{12 + off:.2f}, {14 + off:.2f}]"  # UVFA-FARM
+    # the paper's room's stored references (docs/babyai.md, 100 episodes per task): the BFS oracle, random play
+    assert [row[3:] for row in with_gpi[1:]] == [row[4:] for row in without[1:]]
+    assert with_gpi[1][3:] == ["47.86", "2.44"] and with_gpi[7][3:] == ["35.93", "-2.62"]  # 1,1,0,0 and -1,1,-1,-1
+
+
+def test_a_run_with_two_rows_for_one_evaluation_is_refused_with_one_line(protocol, capsys):
+    """Two eval.csv files joined into one would count a seed twice in every mean: refused, not averaged."""
+    eval_csv = protocol / "msfa" / "eval.csv"
+    lines = eval_csv.read_text().splitlines()
+    eval_csv.write_text("\n".join(lines + lines[-1:]) + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        claims.main(claims.Args(out_dir=str(protocol)))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and "has two rows for seed 3" in err[0]

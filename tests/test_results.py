@@ -70,14 +70,23 @@ def test_plot_spread_over_seeds_hand_worked(tmp_path):
     assert mean == pytest.approx([2.5, 2.5]) and half == pytest.approx([0.5, 0.5])
 
 
-def test_plot_draws_95_percent_intervals_with_a_no_gpi_panel(tmp_path):
+def test_plot_draws_95_percent_intervals_with_a_no_gpi_panel(tmp_path, monkeypatch):
     from results import plot
 
     runs = (fake_run(tmp_path, "sf", "MSFA", (10, 20), (0, 1), 1.0),
             fake_run(tmp_path, "q", "Q method", (10, 20), (0,), 5.0))
+    asked = []
+    spread = plot.mean_spread
+    monkeypatch.setattr(plot, "mean_spread", lambda v, interval="se": asked.append(interval) or spread(v, interval))
     plot.main(plot.Args(run_dirs=runs, out=str(tmp_path / "figures"), reference_episodes=0, interval="ci95"))
+    assert asked and set(asked) == {"ci95"}  # every band and error bar
     for name in ("learning_curves.png", "test_tasks.png", "gpi_ablation.png", "aggregate.png"):
         assert (tmp_path / "figures" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # three panels of 7.5 inches at 120 dpi (train, test with GPI, test without); two when no run has GPI
+    width = int.from_bytes((tmp_path / "figures" / "learning_curves.png").read_bytes()[16:20], "big")
+    assert width == 2700
+    plot.main(plot.Args(run_dirs=runs[1:], out=str(tmp_path / "q_only"), reference_episodes=0))
+    assert int.from_bytes((tmp_path / "q_only" / "learning_curves.png").read_bytes()[16:20], "big") == 1800
 
 
 def test_plot_leaves_out_the_modularity_figure_without_msfa_variants(tmp_path):
