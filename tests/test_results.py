@@ -76,10 +76,13 @@ def test_plot_draws_95_percent_intervals_with_a_no_gpi_panel(tmp_path, monkeypat
     runs = (fake_run(tmp_path, "sf", "MSFA", (10, 20), (0, 1), 1.0),
             fake_run(tmp_path, "q", "Q method", (10, 20), (0,), 5.0))
     asked = []
-    spread = plot.mean_spread
-    monkeypatch.setattr(plot, "mean_spread", lambda v, interval="se": asked.append(interval) or spread(v, interval))
+    half_width = plot.half_width  # every band and error bar is drawn through it
+    monkeypatch.setattr(plot, "half_width", lambda std, n, interval: asked.append(interval) or half_width(std, n,
+                                                                                                           interval))
     plot.main(plot.Args(run_dirs=runs, out=str(tmp_path / "figures"), reference_episodes=0, interval="ci95"))
-    assert asked and set(asked) == {"ci95"}  # every band and error bar
+    # per run the learning curves' 3 panels x 2 steps and test_tasks' 8 tasks, and MSFA's 2 bars in gpi_ablation
+    # (no metrics.csv here, so no actors.png): all of them asked for the 95% interval
+    assert len(asked) == 2 * (3 * 2 + 8) + 2 and set(asked) == {"ci95"}
     for name in ("learning_curves.png", "test_tasks.png", "gpi_ablation.png", "aggregate.png"):
         assert (tmp_path / "figures" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # three panels of 7.5 inches at 120 dpi (train, test with GPI, test without); two when no run has GPI
