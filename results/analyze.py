@@ -244,6 +244,8 @@ def quality_table(runs: dict[str, list[dict]]) -> list[str]:
         for k, category in enumerate(CATEGORIES):
             lines.append(f"| {name} | {k + 1} ({category}) | {quality['corr'][k]:.3f} | "
                          f"{quality['error_pickup'][k]:.3f} | {quality['error_other'][k]:.3f} | {int(sums[6, k])} |")
+    if len(lines) == 2:  # a header over no rows reads as a bug; say why the table is empty, as table_a does
+        return ["(no run with learned cumulants: only MSFA and USFA --learned-cumulants learn phi)"]
     return lines
 
 

@@ -89,6 +89,16 @@ def test_table_a_errors_by_hand():
     np.testing.assert_allclose(squared, [[0.01, 0.04]], rtol=1e-6)
 
 
+def test_tables_of_runs_without_learned_cumulants_say_why_they_are_empty():
+    """UVFA-FARM alone (as the protocol analyses it): Table A and cumulant quality are one line each saying why,
+    not a header over no rows."""
+    from results.analyze import quality_table, table_a
+
+    runs = {"UVFA-FARM": [{"seed": 1, "pickups": np.zeros((len(TASKS), 4))}]}
+    for lines in (table_a(runs, ["1,1,1,1"]), quality_table(runs)):
+        assert len(lines) == 1 and lines[0].startswith("(no run with learned cumulants")
+
+
 def test_analysis_writes_table_a_heatmaps_and_module_activity(runs, tmp_path, capsys):
     from results import analyze
 
