@@ -508,7 +508,7 @@ def run_record(before: dict | None, now: dict | None) -> dict:
 
 
 def finish(args: Args, outcome: dict[str, dict] | None = None, not_started: tuple[str, ...] = (),
-           stopped: bool = False, wall_seconds: float | None = None) -> dict:
+           stopped: bool = False, wall_seconds: float | None = None, before: dict | None = None) -> dict:
     """The end of a protocol: merge seeds' runs, results.analyze of every method's saved agents (unless stopped),
     OUT_DIR/summary.json. On SLURM the last job calls it, after every run's job has ended."""
     out = Path(args.out_dir)
@@ -516,15 +516,32 @@ def finish(args: Args, outcome: dict[str, dict] | None = None, not_started: tupl
         if args.seeds_apart:
             merge_seeds(args, name)
     analysis = analyze(args, [m for m in args.methods if (out / m).exists()]) if not stopped else {}
+    return write_summary(args, outcome, before, analysis, not_started, wall_seconds, in_progress=False)
+
+
+def summary_before(out: Path) -> dict:
+    """summary.json's records of the methods as an invocation of the protocol found them (an earlier invocation's)."""
+    return json.loads((out / "summary.json").read_text())["methods"] if (out / "summary.json").exists() else {}
+
+
+def write_summary(args: Args, outcome: dict[str, dict] | None, before: dict | None, analysis: dict[str, str],
+                  not_started: tuple[str, ...] = (), wall_seconds: float | None = None,
+                  in_progress: bool = True) -> dict:
+    """OUT_DIR/summary.json: the device and, per method, its progress and its runs' records, this invocation's
+    (outcome) after the earlier invocations' (before: summary_before at this invocation's start). Written as each
+    run ends (in_progress) as well as at the end, so that a protocol that never reaches its end (the machine
+    restarted under it) keeps the records of the runs it finished."""
+    out = Path(args.out_dir)
     record = read_jobs(out)
     summary = {"device": device_name(), "env": env_name(args), "scale": args.scale, "seeds": args.seeds,
                "seeds_apart": args.seeds_apart, "extra": args.extra, "devices": list(args.devices),
-               "executor": record["executor"], "wall_seconds": wall_seconds, "methods": {}}
+               "executor": record["executor"], "wall_seconds": wall_seconds, "in_progress": in_progress,
+               "methods": {}}
     outcome = dict(outcome or {})
     if record["executor"] == "slurm":
         for job, job_id in record["jobs"].items():
             outcome.setdefault(job, {"job_id": job_id} | (executors.job_outcome(out / "slurm", job_id) or {}))
-    before = json.loads((out / "summary.json").read_text())["methods"] if (out / "summary.json").exists() else {}
+    before = summary_before(out) if before is None else before
     for name in args.methods:
         steps, total = method_progress(args, name)
         script, *flags = run_flags(args, name)
@@ -543,7 +560,8 @@ def finish(args: Args, outcome: dict[str, dict] | None = None, not_started: tupl
         if any(job.split("/")[0] == name for job in not_started):
             entry["status"] = "not started"
         summary["methods"][name] = entry
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "summary.json.tmp").write_text(json.dumps(summary, indent=1))
+    (out / "summary.json.tmp").replace(out / "summary.json")
     return summary
 
 
@@ -562,6 +580,7 @@ def run_here(args: Args) -> None:
           f"; to run: {', '.join(dict.fromkeys(r.name.split('/')[0] for r in queue)) or 'none'}", flush=True)
     record = {"executor": "local", "protocol_pid": os.getpid(), "jobs": {}}
     write_jobs(out, record)
+    before, analysis = summary_before(out), {}
 
     def started(name: str, pid: int) -> None:
         record["jobs"][name] = pid
@@ -572,12 +591,14 @@ def run_here(args: Args) -> None:
         if args.seeds_apart:
             merge_seeds(args, method)
         if not runner.stopped and complete(out / name):
-            analyze(args, [method])  # now, while its agents are here: results.export need not carry them after
+            # now, while its agents are here: results.export need not carry them after
+            analysis.update(analyze(args, [method]))
+        write_summary(args, runner.outcome, before, analysis)
 
     runner = LocalRunner(slots, bool(args.seeds_apart), deadline, started, finished)
     left = runner.run(queue, args.max_minutes)
     summary = finish(args, runner.outcome, tuple(r.name for r in left), bool(runner.stopped),
-                     round(time.time() - start, 1))
+                     round(time.time() - start, 1), before)
     for name, entry in summary["methods"].items():
         print(f"[protocol] {name}: {entry['env_steps_per_seed']:,} env steps per seed ({entry['share_of_protocol']:.0%}"
               f" of the protocol){', exit ' + str(entry['exit_status']) if 'exit_status' in entry else ''}",

@@ -116,6 +116,33 @@ def test_the_protocol_stops_cleanly_at_max_minutes_or_ctrl_c_and_resumes(tmp_pat
     assert summary["a"]["complete"] and summary["b"]["complete"]
 
 
+def test_a_protocol_that_dies_before_its_end_keeps_the_records_of_the_runs_it_finished(tmp_path, monkeypatch):
+    """summary.json is written as each run ends, not only at the protocol's end: a protocol that dies before its end
+    (here its end raises, as a machine restarting under it would cut it) leaves the records of the runs it finished,
+    marked in progress; the next invocation keeps them (a complete run's as it is, a failed run's under "earlier")."""
+    fake_methods(monkeypatch, a="--total-timesteps 3", b="--total-timesteps 2 --fail")
+    out = tmp_path / "protocol"
+
+    def machine_restarts(*args, **kwargs):
+        raise RuntimeError("the machine restarted")
+
+    with monkeypatch.context() as restart:
+        restart.setattr(protocol, "finish", machine_restarts)
+        with pytest.raises(RuntimeError, match="restarted"):
+            protocol.main(protocol.Args(str(out), env="babyai", seeds=1, analysis_episodes=1, seeds_apart=False))
+    summary = read_summary(out)
+    assert summary["in_progress"] and summary["methods"]["a"]["complete"]
+    assert summary["methods"]["a"]["exit_status"] == 0 and summary["methods"]["b"]["exit_status"] == 1
+    a = {k: summary["methods"]["a"][k] for k in ("exit_status", "wall_seconds", "ended")}
+    monkeypatch.setitem(protocol.METHODS["babyai"], "b", f"{FAKE} --total-timesteps 2")  # the failure mended
+    protocol.main(protocol.Args(str(out), resume=True))
+    summary = read_summary(out)
+    assert not summary["in_progress"] and all(e["complete"] for e in summary["methods"].values())
+    assert {k: summary["methods"]["a"][k] for k in a} == a and "earlier" not in summary["methods"]["a"]
+    assert summary["methods"]["b"]["exit_status"] == 0
+    assert [r["exit_status"] for r in summary["methods"]["b"]["earlier"]] == [1]
+
+
 def test_the_runs_share_one_cache_of_compiled_programs_unless_one_is_named(tmp_path, monkeypatch):
     from results.jobs import Run, run_environment
 
