@@ -19,7 +19,7 @@
   the training levels as the reference.
 - aggregate.png (beyond the paper, since seeds are few): the interquartile mean over seeds x test tasks of the
   oracle-normalised return, (R - random) / (oracle - random), with 95% stratified-bootstrap confidence intervals
-  (rliable); raw returns when --reference-episodes is 0.
+  (rliable; each method's draws seeded, so the figure is reproducible); raw returns when --reference-episodes is 0.
 The runs are read from their eval.csv and config.json (the method's name); each figure says how many seeds it shows,
 and each method keeps its colour in every figure. --interval is the spread drawn over seeds: one standard error (se),
 or the 95% interval of the mean (ci95: Student's t with seeds - 1 degrees of freedom); a run with one seed has none.
@@ -326,7 +326,9 @@ def gpi_bars(plt, tables: dict, step: int, test_tasks, title: str, path: Path, c
 
 
 def aggregate(plt, tables: dict, step: int, test_tasks, references, path: Path) -> None:
-    """Interquartile mean over seeds x test tasks with 95% stratified-bootstrap CIs (rliable), per method."""
+    """Interquartile mean over seeds x test tasks with 95% stratified-bootstrap CIs (rliable), per method. Each
+    method's bootstrap draws are seeded on their own, so a figure redone is the same and a method's interval does not
+    move when another method is added to it."""
     from rliable import library as rly
     from rliable import metrics
 
@@ -341,7 +343,17 @@ def aggregate(plt, tables: dict, step: int, test_tasks, references, path: Path) 
             returns = (returns - rand) / (oracle - rand)
         scores[label(d) + ("" if g else " (no GPI)")] = returns
     iqm = lambda x: np.array([metrics.aggregate_iqm(x)])  # noqa: E731
-    points, intervals = rly.get_interval_estimates(scores, iqm, reps=2000)
+    points, intervals = {}, {}
+    state = np.random.get_state()
+    try:
+        for name, method_scores in scores.items():  # each method its own fixed draws: the same in every figure
+            # rliable's StratifiedBootstrap draws from NumPy's global generator (its random_state does not reach them)
+            np.random.seed(0)
+            p, i = rly.get_interval_estimates({name: method_scores}, iqm, reps=2000)
+            points |= p
+            intervals |= i
+    finally:
+        np.random.set_state(state)
     for name in scores:
         print(f"IQM {name}: {points[name][0]:.3f} [{intervals[name][0, 0]:.3f}, {intervals[name][1, 0]:.3f}]")
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(scores) + 1.6))

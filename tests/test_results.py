@@ -52,6 +52,33 @@ def test_plot_writes_learning_curves_and_test_task_figures(tmp_path, capsys):
     assert "IQM Q method (no GPI): 6.500 " in out
 
 
+def test_the_aggregate_intervals_are_reproducible_and_each_methods_own(tmp_path, capsys):
+    """aggregate.png's bootstrap: the same figure twice gives the same IQM intervals, and a method's interval does not
+    move when another method joins the figure (each method's draws are seeded on their own)."""
+    from common.envs.babyai import TEST_TASKS, TRAIN_TASKS
+    from results import plot
+
+    runs = [fake_run(tmp_path, name, method, (10,), (0, 1), 0.0)
+            for name, method in (("a", "MSFA"), ("b", "USFA (learned cumulants)"))]
+    rng = np.random.default_rng(7)
+    for d in runs:  # five seeds with returns spread by task and seed, so that the draws matter
+        with (Path(d) / "eval.csv").open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"])
+            for seed in range(1, 6):
+                for g in (0, 1):
+                    for split, tasks in (("train", TRAIN_TASKS), ("test", TEST_TASKS)):
+                        for w in tasks:
+                            writer.writerow([10, seed, split, format_task(w), g, 2, rng.normal(5, 3), 0])
+
+    def msfa_line(run_dirs):
+        plot.main(plot.Args(run_dirs=run_dirs, out=str(tmp_path / "figures"), reference_episodes=0))
+        return [line for line in capsys.readouterr().out.splitlines() if line.startswith("IQM MSFA:")]
+
+    both = msfa_line(tuple(runs))
+    assert len(both) == 1 and both == msfa_line(tuple(runs)) == msfa_line((runs[0],))
+
+
 def test_plot_spread_over_seeds_hand_worked(tmp_path):
     """The bands and error bars: one standard error, or the 95% Student's t interval of the mean over seeds."""
     from results import plot
