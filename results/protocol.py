@@ -479,9 +479,14 @@ def read_jobs(out: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {"executor": None, "jobs": {}}
 
 
+def write_json(path: Path, data: dict) -> None:
+    """path written whole or not at all (a reader, or a protocol cut off mid-write, never sees half a file)"""
+    path.with_name(path.name + ".tmp").write_text(json.dumps(data, indent=1))
+    path.with_name(path.name + ".tmp").replace(path)
+
+
 def write_jobs(out: Path, record: dict) -> None:
-    (out / "jobs.json.tmp").write_text(json.dumps(record, indent=1))
-    (out / "jobs.json.tmp").replace(out / "jobs.json")
+    write_json(out / "jobs.json", record)
 
 
 RUN_RECORD = ("exit_status", "wall_seconds", "ended", "error", "result", "job_id", "earlier")
@@ -560,8 +565,7 @@ def write_summary(args: Args, outcome: dict[str, dict] | None, before: dict | No
         if any(job.split("/")[0] == name for job in not_started):
             entry["status"] = "not started"
         summary["methods"][name] = entry
-    (out / "summary.json.tmp").write_text(json.dumps(summary, indent=1))
-    (out / "summary.json.tmp").replace(out / "summary.json")
+    write_json(out / "summary.json", summary)
     return summary
 
 
