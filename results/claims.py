@@ -19,7 +19,9 @@ A comparison is the difference of two such means, A - B, with its interval: seed
 (different methods' seeds are independent runs), or together where both sides are the same seeds (GPI against no GPI
 of one method). It "holds" where the interval lies wholly on the paper's side of 0, is "reversed" where it lies
 wholly on the other, and is "not resolved" where it holds 0. USFA with the env's cumulants has no side: it is the
-reference an SF method can reach.
+reference an SF method can reach. The comparisons are the paper's BabyAI results (section 5.1: R1-R3 and Table A) and
+what its baselines are there to show (section 5: UVFA, SF&GPI's transfer; UVFA-FARM and MVFA, the benefit of modules
+that learn SFs rather than values).
 
 Then per test task, each method's return with GPI (the SF methods) and without (every method), mean over seeds and its
 95% bootstrap interval, beside the BFS oracle's and random play's stored returns (the paper's Figure 3 as a table).
@@ -59,7 +61,14 @@ COMPARISONS = (  # (claim, A, its measure, B, its measure, the paper's side of A
     ("GPI helps MSFA on the test tasks", "msfa", "test_gpi", "msfa", "test", +1),
     ("GPI helps USFA with learned cumulants on the test tasks", "usfa_learned", "test_gpi", "usfa_learned", "test",
      +1),
+    ("GPI helps USFA with the env's cumulants on the test tasks", "usfa", "test_gpi", "usfa", "test", +1),
+    ("Without GPI, MSFA beats USFA with learned cumulants on the test tasks (modularity alone)", "msfa", "test",
+     "usfa_learned", "test", +1),
     ("MSFA (GPI) beats UVFA-FARM on the test tasks", "msfa", "test_gpi", "uvfa_farm", "test", +1),
+    ("MSFA (GPI) beats MVFA on the test tasks", "msfa", "test_gpi", "mvfa", "test", +1),
+    ("MSFA (GPI) beats UVFA on the test tasks", "msfa", "test_gpi", "uvfa", "test", +1),
+    ("USFA with the env's cumulants (GPI) beats UVFA on the test tasks (SF&GPI's transfer)", "usfa", "test_gpi",
+     "uvfa", "test", +1),
     ("MSFA's cumulants predict the test reward better than USFA-learned's (Table A)", "msfa", "error_test",
      "usfa_learned", "error_test", -1),
     ("MSFA against USFA with the env's cumulants, the reference (test, GPI)", "msfa", "test_gpi", "usfa",

@@ -101,6 +101,26 @@ def test_the_claims_table(protocol, capsys):
     assert not any("entangled" in claim for claim in rows)  # their runs are missing: left out
 
 
+def test_the_value_baselines_comparisons(protocol):
+    """UVFA and MVFA have no GPI: MSFA (GPI) and USFA (GPI) are compared with their greedy return on w_test; USFA's
+    own GPI gain is paired over its seeds."""
+    write_method(protocol, "usfa", "USFA", {("train", 0): [10, 10, 10], ("test", 1): [11, 12, 13],
+                                             ("test", 0): [2, 3, 4]})
+    write_method(protocol, "uvfa", "UVFA", {("train", 0): [10, 10, 10], ("test", 0): [1, 2, 3]})
+    write_method(protocol, "mvfa", "MVFA", {("train", 0): [10, 10, 10], ("test", 0): [10, 11, 12]})
+    text = "\n".join(claims.claims(protocol))
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| ")}
+    assert rows["GPI helps USFA with the env's cumulants on the test tasks"][2:] == ["9.00 [9.00, 9.00]", "holds"]
+    assert rows["MSFA (GPI) beats UVFA on the test tasks"][1] == "UVFA: test, no GPI"
+    assert rows["MSFA (GPI) beats UVFA on the test tasks"][2].startswith("8.00 [")  # 10 - 2
+    assert rows["MSFA (GPI) beats MVFA on the test tasks"][2].startswith("-1.00 [")  # 10 - 11
+    transfer = rows["USFA with the env's cumulants (GPI) beats UVFA on the test tasks (SF&GPI's transfer)"]
+    assert transfer[2].startswith("10.00 [") and transfer[3] == "holds"
+    modular = rows["Without GPI, MSFA beats USFA with learned cumulants on the test tasks (modularity alone)"]
+    assert modular[2].startswith("4.00 [") and modular[3] == "holds"  # 6 - 2, seeds apart: 5, 6, 7 against 1, 2, 3
+
+
 def test_the_claims_of_an_exported_protocol_are_those_of_the_protocol(protocol):
     """results.export packs each run's eval.csv (eval.csv.xz, common.run.pack_table): results.claims, like every
     results tool, reads the packed table as it is and says the same."""
