@@ -26,7 +26,9 @@ missing, then plays, merges, reports and summarises as it would have without the
 
 DEST is new, or an earlier export of the same protocol (its protocol.json), which is brought up to date: the files
 an export writes are rewritten, the carried seeds of methods that have since completed are removed, and the agents
-of methods not named in --agents are removed. Other files there (a README, say) are left alone."""
+of methods not named in --agents are removed. Other files there (a README, say) are left alone. The export stops
+before writing anything where DEST's claims.md, summary.json or a figure differs from OUT_DIR's and is the newer: made
+again in DEST after DEST was copied to OUT_DIR, it would otherwise be replaced by the older copy."""
 
 from __future__ import annotations
 
@@ -93,6 +95,13 @@ def copy_run(run: Path, dest: Path, with_agents: bool, analysis: str = "all") ->
     return written
 
 
+def newer_and_different(target: Path, source: Path) -> bool:
+    """target exists, was written after source and differs from it: a claims.md or figure made again in DEST (from
+    the export itself, as results/*/README.md do) after DEST was copied into the protocol's folder to resume it."""
+    return (target.is_file() and target.stat().st_mtime > source.stat().st_mtime
+            and target.read_bytes() != source.read_bytes())
+
+
 def export(out: Path, dest: Path, agents: tuple[str, ...] = ()) -> dict[str, list[Path]]:
     """Copies the protocol in `out` into `dest` as the module docstring says. Returns, per method, the files written
     ("" for the protocol's own); prints what was left out."""
@@ -106,6 +115,11 @@ def export(out: Path, dest: Path, agents: tuple[str, ...] = ()) -> dict[str, lis
                                                    "folder or an earlier export of this protocol")
         require(json.loads((dest / "protocol.json").read_text()) == settings,
                 f"{dest} holds the export of another protocol (its protocol.json differs); pass a new folder")
+    for source in [out / name for name in TOP_FILES] + [f for name in TOP_FOLDERS for f in (out / name).rglob("*")]:
+        target = dest / source.relative_to(out)
+        require(not (source.is_file() and newer_and_different(target, source)),
+                f"{target} differs from {source} and was written after it: the export would put the older one back; "
+                f"make {target.name} again in {out} (or remove it there) and export again")
     dest.mkdir(parents=True, exist_ok=True)
     written: dict[str, list[Path]] = {"": []}
     for name in TOP_FILES:

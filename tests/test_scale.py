@@ -290,6 +290,34 @@ def test_a_protocol_stopped_part_way_is_exported_without_checkpoints_and_continu
         export(out, tmp_path / "other")
 
 
+def test_an_export_never_puts_an_older_claims_or_figure_back(tmp_path):
+    """`cp -r DEST OUT`, claims.md made again in DEST, then an export: OUT's copy is older and differs, so the export
+    stops before writing anything; once OUT's copy is made again (newer), it goes."""
+    from results.export import export
+
+    out, dest = tmp_path / "out", tmp_path / "dest"
+    (out / "figures").mkdir(parents=True)
+    (out / "protocol.json").write_text(json.dumps({"env": "babyai", "methods": []}))
+    (out / "claims.md").write_text("claims of 6 methods")
+    (out / "figures" / "aggregate.png").write_bytes(b"6 methods")
+    export(out, dest)
+    assert (dest / "claims.md").read_text() == "claims of 6 methods"
+    made = (out / "claims.md").stat().st_mtime
+    for name, again in (("claims.md", "claims of 7 methods"), ("figures/aggregate.png", "7 methods")):
+        (dest / name).write_text(again)
+        os.utime(dest / name, (made + 10, made + 10))
+        with pytest.raises(ConfigError, match=f"{name} differs from .* and was written after it"):
+            export(out, dest)
+        assert (dest / name).read_text() == again
+        (dest / name).write_text("6 methods" if name.startswith("figures") else "claims of 6 methods")
+    os.utime(dest / "claims.md", (made + 10, made + 10))  # newer but the same: nothing is lost, it goes
+    export(out, dest)
+    (out / "claims.md").write_text("claims of 8 methods")
+    os.utime(out / "claims.md", (made + 20, made + 20))
+    export(out, dest)
+    assert (dest / "claims.md").read_text() == "claims of 8 methods"
+
+
 def test_the_protocol_refuses_bad_input_with_one_line(tmp_path, monkeypatch, capsys):
     fake_methods(monkeypatch, a="--total-timesteps 1")
     cases = [(protocol.Args(str(tmp_path / "x"), env="atari"), "--env must be one of"),
