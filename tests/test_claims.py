@@ -43,6 +43,13 @@ def write_method(root, name, method, returns, errors=None, last=1000):
                                          "sq_error": value**2})
 
 
+def table_rows(text):
+    """claims.md's table rows by their first cell (the header rows left out): {method or claim: the other cells}."""
+    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| ") and not line.startswith(("| method", "| claim",
+                                                                                             "| task"))}
+
+
 @pytest.fixture
 def protocol(tmp_path):
     write_method(tmp_path, "msfa", "MSFA",
@@ -83,9 +90,7 @@ def test_intervals_and_verdicts(protocol):
 
 def test_the_claims_table(protocol, capsys):
     claims.main(claims.Args(out_dir=str(protocol)))
-    text = (protocol / "claims.md").read_text()
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
-            for line in text.splitlines() if line.startswith("| ") and not line.startswith("| method")}
+    rows = table_rows((protocol / "claims.md").read_text())
     # seeds 10, 12, 14: the percentile interval of 3 seeds' mean reaches the extremes (all three resampled the same
     # seed has chance 1/27 > 2.5%)
     assert rows["MSFA"][:5] == ["3", "1,000", "12.00 [10.00, 14.00]", "10.00 [9.00, 11.00]", "6.00 [5.00, 7.00]"]
@@ -108,13 +113,13 @@ def test_the_value_baselines_comparisons(protocol):
                                              ("test", 0): [2, 3, 4]})
     write_method(protocol, "uvfa", "UVFA", {("train", 0): [10, 10, 10], ("test", 0): [1, 2, 3]})
     write_method(protocol, "mvfa", "MVFA", {("train", 0): [10, 10, 10], ("test", 0): [10, 11, 12]})
-    text = "\n".join(claims.claims(protocol))
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
-            for line in text.splitlines() if line.startswith("| ")}
+    rows = table_rows("\n".join(claims.claims(protocol)))
     assert rows["GPI helps USFA with the env's cumulants on the test tasks"][2:] == ["9.00 [9.00, 9.00]", "holds"]
     assert rows["MSFA (GPI) beats UVFA on the test tasks"][1] == "UVFA: test, no GPI"
     assert rows["MSFA (GPI) beats UVFA on the test tasks"][2].startswith("8.00 [")  # 10 - 2
+    assert rows["MSFA (GPI) beats UVFA on the test tasks"][3] == "holds"
     assert rows["MSFA (GPI) beats MVFA on the test tasks"][2].startswith("-1.00 [")  # 10 - 11
+    assert rows["MSFA (GPI) beats MVFA on the test tasks"][3] == "not resolved"  # 9, 10, 11 against 10, 11, 12
     transfer = rows["USFA with the env's cumulants (GPI) beats UVFA on the test tasks (SF&GPI's transfer)"]
     assert transfer[2].startswith("10.00 [") and transfer[3] == "holds"
     modular = rows["Without GPI, MSFA beats USFA with learned cumulants on the test tasks (modularity alone)"]

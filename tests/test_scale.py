@@ -300,15 +300,17 @@ def test_an_export_never_puts_an_older_claims_or_figure_back(tmp_path):
     (out / "protocol.json").write_text(json.dumps({"env": "babyai", "methods": []}))
     (out / "claims.md").write_text("claims of 6 methods")
     (out / "figures" / "aggregate.png").write_bytes(b"6 methods")
+    (out / "summary.json").write_text('{"run": 1}')
     export(out, dest)
     assert (dest / "claims.md").read_text() == "claims of 6 methods"
     made = (out / "claims.md").stat().st_mtime
     for name, again in (("claims.md", "claims of 7 methods"), ("figures/aggregate.png", "7 methods")):
         (dest / name).write_text(again)
         os.utime(dest / name, (made + 10, made + 10))
+        (out / "summary.json").write_text('{"run": 2}')  # what the export would write first, were it to go on
         with pytest.raises(ConfigError, match=f"{name} differs from .* and was written after it"):
             export(out, dest)
-        assert (dest / name).read_text() == again
+        assert (dest / name).read_text() == again and (dest / "summary.json").read_text() == '{"run": 1}'
         (dest / name).write_text("6 methods" if name.startswith("figures") else "claims of 6 methods")
     os.utime(dest / "claims.md", (made + 10, made + 10))  # newer but the same: nothing is lost, it goes
     export(out, dest)
