@@ -26,7 +26,8 @@ that stopped (Ctrl-C, --max-minutes, a crash) resumes from its checkpoint. Ctrl-
 Where the env has an analysis (BabyAI: the reward-prediction table, the cumulants' quality), results.analyze plays
 each run's saved agents as it completes (on SLURM: at the end), and a method trained seed by seed is reported from its
 seeds' records into OUT_DIR/<method>/analysis/, once; OUT_DIR/summary.json records the device and, per method, the
-env steps reached, the share of the protocol, the wall time and the exit status. Figures and tables: `python -m
+env steps reached, the share of the protocol, the wall time and the exit status, what its analysis last said (kept
+through stops and resumes), and, where it was left to run, which seeds. Figures and tables: `python -m
 results.plot OUT_DIR/<method>` and `python -m results.summarize OUT_DIR/*/`. `python -m results.export OUT_DIR DEST`
 copies what is small enough to commit (no checkpoints), a folder in which `--resume` continues the protocol: its
 complete runs are kept, the others start over.
@@ -513,14 +514,18 @@ def run_record(before: dict | None, now: dict | None) -> dict:
 
 
 def finish(args: Args, outcome: dict[str, dict] | None = None, not_started: tuple[str, ...] = (),
-           stopped: bool = False, wall_seconds: float | None = None, before: dict | None = None) -> dict:
+           stopped: bool = False, wall_seconds: float | None = None, before: dict | None = None,
+           analysis: dict[str, str] | None = None) -> dict:
     """The end of a protocol: merge seeds' runs, results.analyze of every method's saved agents (unless stopped),
-    OUT_DIR/summary.json. On SLURM the last job calls it, after every run's job has ended."""
+    OUT_DIR/summary.json. On SLURM the last job calls it, after every run's job has ended. analysis: what this
+    invocation's analyses already said (as its runs ended), which a stopped protocol reports as they were."""
     out = Path(args.out_dir)
     for name in args.methods:
         if args.seeds_apart:
             merge_seeds(args, name)
-    analysis = analyze(args, [m for m in args.methods if (out / m).exists()]) if not stopped else {}
+    analysis = dict(analysis or {})
+    if not stopped:
+        analysis |= analyze(args, [m for m in args.methods if (out / m).exists()])
     return write_summary(args, outcome, before, analysis, not_started, wall_seconds, in_progress=False)
 
 
@@ -560,10 +565,13 @@ def write_summary(args: Args, outcome: dict[str, dict] | None, before: dict | No
                                   if job in outcome or job in earlier.get("seed_runs", {})}
         else:
             entry |= run_record({k: earlier[k] for k in RUN_RECORD if k in earlier} or None, outcome.get(name))
-        if name in analysis:
-            entry["analysis"] = analysis[name]
-        if any(job.split("/")[0] == name for job in not_started):
-            entry["status"] = "not started"
+        if name in analysis or "analysis" in earlier:  # the latest said, this invocation's or an earlier one's
+            entry["analysis"] = analysis.get(name, earlier.get("analysis"))
+        if any(job in not_started for job, _, _ in jobs(args, name)):  # its turn had not come when this ended
+            begun = any((out / job).exists() for job, _, _ in jobs(args, name))
+            left = [job.split("/")[-1] for job, _, _ in jobs(args, name) if not complete(out / job)]
+            entry["status"] = ("not started" if not begun else
+                               f"seeds to run: {', '.join(left)}" if args.seeds_apart else "to continue")
         summary["methods"][name] = entry
     write_json(out / "summary.json", summary)
     return summary
@@ -602,7 +610,7 @@ def run_here(args: Args) -> None:
     runner = LocalRunner(slots, bool(args.seeds_apart), deadline, started, finished)
     left = runner.run(queue, args.max_minutes)
     summary = finish(args, runner.outcome, tuple(r.name for r in left), bool(runner.stopped),
-                     round(time.time() - start, 1), before)
+                     round(time.time() - start, 1), before, analysis)
     for name, entry in summary["methods"].items():
         print(f"[protocol] {name}: {entry['env_steps_per_seed']:,} env steps per seed ({entry['share_of_protocol']:.0%}"
               f" of the protocol){', exit ' + str(entry['exit_status']) if 'exit_status' in entry else ''}",

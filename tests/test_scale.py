@@ -116,6 +116,37 @@ def test_the_protocol_stops_cleanly_at_max_minutes_or_ctrl_c_and_resumes(tmp_pat
     assert summary["a"]["complete"] and summary["b"]["complete"]
 
 
+def test_a_stopped_protocol_keeps_what_the_analyses_said_and_names_the_seeds_left(tmp_path, monkeypatch):
+    """Ctrl-C as a's first seed is played: summary.json still says "1 of 3 seeds played" (what this invocation's
+    analyses said), and a's status names its seeds left to run where the untouched b is "not started". Resumed and
+    stopped again before anything is played, the earlier invocation's word stays."""
+    fake_methods(monkeypatch, a="--total-timesteps 2 --seconds-per-step 0.05", b="--total-timesteps 2")
+    monkeypatch.setattr(protocol, "ANALYSES", ("babyai",))
+
+    def played_then_ctrl_c(command, **kwargs):  # stands in for `python -m results.analyze ... --out DIR`
+        out_dir = Path(command[command.index("--out") + 1])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "records.json").write_text("[]")
+        os.kill(os.getpid(), signal.SIGINT)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(protocol.subprocess, "run", played_then_ctrl_c)
+    out = tmp_path / "protocol"
+    with pytest.raises(SystemExit) as stopped:
+        protocol.main(protocol.Args(str(out), env="babyai", seeds=3, devices=("0",), analysis_episodes=1))
+    assert stopped.value.code == 128 + signal.SIGINT
+    summary = read_summary(out)["methods"]
+    assert summary["a"]["analysis"] == "1 of 3 seeds played" and summary["a"]["status"] == "seeds to run: seed2, seed3"
+    assert summary["b"]["status"] == "not started" and "analysis" not in summary["b"]
+    monkeypatch.setitem(protocol.METHODS["babyai"], "a", f"{FAKE} --total-timesteps 2 --seconds-per-step 2")
+    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()  # during a's seed 2
+    with pytest.raises(SystemExit):
+        protocol.main(protocol.Args(str(out), resume=True, devices=("0",)))
+    summary = read_summary(out)["methods"]
+    assert "a/seed2" in summary["a"]["seed_runs"] and not summary["a"]["complete"]  # stopped during its seed 2
+    assert summary["a"]["analysis"] == "1 of 3 seeds played" and summary["a"]["status"] == "seeds to run: seed2, seed3"
+
+
 def test_a_protocol_that_dies_before_its_end_keeps_the_records_of_the_runs_it_finished(tmp_path, monkeypatch):
     """summary.json is written as each run ends, not only at the protocol's end: a protocol that dies before its end
     (here its end raises, as a machine restarting under it would cut it) leaves the records of the runs it finished,
