@@ -138,8 +138,8 @@ def test_a_stopped_protocol_keeps_what_the_analyses_said_and_names_the_seeds_lef
     summary = read_summary(out)["methods"]
     assert summary["a"]["analysis"] == "1 of 3 seeds played" and summary["a"]["status"] == "seeds to run: seed2, seed3"
     assert summary["b"]["status"] == "not started" and "analysis" not in summary["b"]
-    monkeypatch.setitem(protocol.METHODS["babyai"], "a", f"{FAKE} --total-timesteps 2 --seconds-per-step 2")
-    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()  # during a's seed 2
+    monkeypatch.setitem(protocol.METHODS["babyai"], "a", f"{FAKE} --total-timesteps 2 --seconds-per-step 4")
+    threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()  # during a's seed 2
     with pytest.raises(SystemExit):
         protocol.main(protocol.Args(str(out), resume=True, devices=("0",)))
     summary = read_summary(out)["methods"]
