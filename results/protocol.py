@@ -567,9 +567,10 @@ def write_summary(args: Args, outcome: dict[str, dict] | None, before: dict | No
             entry |= run_record({k: earlier[k] for k in RUN_RECORD if k in earlier} or None, outcome.get(name))
         if name in analysis or "analysis" in earlier:  # the latest said, this invocation's or an earlier one's
             entry["analysis"] = analysis.get(name, earlier.get("analysis"))
-        if any(job in not_started for job, _, _ in jobs(args, name)):  # its turn had not come when this ended
-            begun = any((out / job).exists() for job, _, _ in jobs(args, name))
-            left = [job.split("/")[-1] for job, _, _ in jobs(args, name) if not complete(out / job)]
+        runs = [job for job, _, _ in jobs(args, name)]
+        if any(job in not_started for job in runs):  # its turn had not come when this invocation ended
+            begun = any((out / job).exists() for job in runs)
+            left = [job.split("/")[-1] for job in runs if not complete(out / job)]
             entry["status"] = ("not started" if not begun else
                                f"seeds to run: {', '.join(left)}" if args.seeds_apart else "to continue")
         summary["methods"][name] = entry
