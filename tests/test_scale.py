@@ -147,6 +147,26 @@ def test_a_stopped_protocol_keeps_what_the_analyses_said_and_names_the_seeds_lef
     assert summary["a"]["analysis"] == "1 of 3 seeds played" and summary["a"]["status"] == "seeds to run: seed2, seed3"
 
 
+def test_a_whole_method_begun_earlier_but_not_reached_is_to_continue(tmp_path, monkeypatch):
+    """Whole-method runs (not seeds apart): a and b begun side by side on two devices and stopped; resumed on one
+    device and stopped during a, b's turn has not come, but its run holds a checkpoint: "to continue", not "not
+    started"."""
+    fake_methods(monkeypatch, a="--total-timesteps 40 --seconds-per-step 0.25",
+                 b="--total-timesteps 40 --seconds-per-step 0.25")
+    out = tmp_path / "protocol"
+    threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(SystemExit):
+        protocol.main(protocol.Args(str(out), env="babyai", seeds=1, devices=("0", "1"), analysis_episodes=1,
+                                    seeds_apart=False))
+    summary = read_summary(out)["methods"]
+    assert "status" not in summary["a"] and "status" not in summary["b"]  # both ran, both stopped
+    threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(SystemExit):
+        protocol.main(protocol.Args(str(out), resume=True, devices=("0",)))
+    summary = read_summary(out)["methods"]
+    assert "status" not in summary["a"] and summary["b"]["status"] == "to continue"
+
+
 def test_a_protocol_that_dies_before_its_end_keeps_the_records_of_the_runs_it_finished(tmp_path, monkeypatch):
     """summary.json is written as each run ends, not only at the protocol's end: a protocol that dies before its end
     (here its end raises, as a machine restarting under it would cut it) leaves the records of the runs it finished,
