@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import equinox as eqx
 import flashbax as fbx
@@ -35,10 +35,11 @@ from common.envs.babyai import (MAX_STEPS, NUM_ACTIONS, OBJECTS_PER_CATEGORY, RO
                                 GotoAvoid, check_room)
 from common.farm import FarmCore
 from common.gpi import gpi_values
-from common.networks import DQN_CHANNELS, MLP, count_params, prev_action_reward
-from common.run import (IterationMetrics, RunArgs, RunDir, SGDMetrics, Training, check_replay_args, check_run_args,
-                        cumulant_stats, exit_on_config_error, finished_episodes, parse_args, require,
-                        require_non_negative, require_positive, shard_seeds, train_in_chunks, whole_iterations)
+from common.networks import DQN_CHANNELS, MLP, count_params
+from common.run import (Evaluation, IterationMetrics, RunArgs, RunDir, SGDMetrics, Training, check_replay_args,
+                        check_run_args, cumulant_response, cumulant_stats, exit_on_config_error, finished_episodes,
+                        parse_args, require, require_non_negative, require_positive, shard_seeds, train_in_chunks,
+                        whole_iterations)
 
 
 # =====================================================================================================================
@@ -73,6 +74,10 @@ class Args(RunArgs):
     """ablation: one psi MLP on [h^1; ...; h^n; z] gives all of psi (USFA's head on the concatenated modules)"""
     entangled_phi: bool = False
     """ablation: one phi MLP on [h^1_{t+1}; h^1_t; ...; h^n_{t+1}; h^n_t] gives all of phi"""
+    reward_input: Literal["on", "off"] = "on"
+    """on: the recurrent core reads the previous reward tanh(r_{t-1}) beside the previous action (the paper's agent);
+    off: its entry is 0, so the module states, and the cumulants phi read from them, cannot see the reward (the
+    cumulants' confound: docs/cumulants.md)"""
     q_coeff: float = 0.5
     """weight alpha_Q of the Q-learning loss on psi . w"""
     sf_coeff: float = 1.0
@@ -175,7 +180,8 @@ def module_size(args: Args) -> int:
 
 
 def method_name(args: Args) -> str:
-    parts = [name for name, on in (("entangled psi", args.entangled_psi), ("entangled phi", args.entangled_phi)) if on]
+    parts = [name for name, on in (("entangled psi", args.entangled_psi), ("entangled phi", args.entangled_phi),
+                                   ("reward-blind", args.reward_input == "off")) if on]
     return f"MSFA ({', '.join(parts)})" if parts else "MSFA"
 
 
@@ -206,7 +212,8 @@ class MSFANetwork(eqx.Module):
         n, d = args.num_modules, module_size(args)
         per_module = task_dim // n
         self.core = FarmCore(NUM_ACTIONS, n, d, args.attention_heads, args.projection_dim, k_core,
-                             backend=args.core_backend, torso_channels=args.torso_channels)
+                             backend=args.core_backend, torso_channels=args.torso_channels,
+                             reward_input=args.reward_input == "on")
         if args.entangled_psi:
             self.psi_mlp = MLP((n * d + task_dim, *args.psi_hidden, NUM_ACTIONS * task_dim), k_psi)
         else:
@@ -277,15 +284,14 @@ def reset_where(first, state, initial):
 
 def core_step(core, rgb, prev_action, prev_reward, state):
     """One step of the recurrent core on one observation."""
-    return core.recur(core.torso(rgb), prev_action_reward(prev_action, prev_reward, NUM_ACTIONS), state)
+    return core.recur(core.torso(rgb), core.input_vector(prev_action, prev_reward), state)
 
 
 def unroll(core, render, seq: Sequence):
     """The recurrent states (h, c) [T, ...] along a sequence (the torso reads all its views at once, outside the
     recurrence)."""
     maps = jax.vmap(lambda o: core.torso(render(o)))(seq.steps.obs)
-    vectors = jax.vmap(partial(prev_action_reward, num_actions=NUM_ACTIONS))(seq.steps.prev_action,
-                                                                            seq.steps.prev_reward)
+    vectors = jax.vmap(core.input_vector)(seq.steps.prev_action, seq.steps.prev_reward)
     return core.unroll(maps, vectors, seq.steps.first, seq.state)
 
 
@@ -622,13 +628,17 @@ EVAL_TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])
 
 
 def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS, gpi_settings=GPI_SETTINGS):
-    """A jitted evaluate(params, key) -> returns [gpi_settings, tasks, episodes] of one seed's params, on the train
-    and test tasks (or any task vectors: results/evaluate.py). gpi_settings picks the settings played (--gpi on|off
-    there plays one); each setting keeps its own keys, so its returns are those of playing both."""
+    """A jitted evaluate(params, key) -> Evaluation of one seed's params: the greedy returns [gpi_settings, tasks,
+    episodes] on the train and test tasks (or any task vectors: results/evaluate.py), and the cumulant response of
+    the episodes acting on w (eval.csv reads it on the train tasks: common/run/cumulants.py). gpi_settings picks the
+    settings played (--gpi on|off there plays one); each setting keeps its own keys, so its returns are those of
+    playing both."""
     env = setup.env
     policies = jnp.asarray(TRAIN_TASKS)
 
-    def episode_return(params, key, w, use_gpi: bool):
+    def episode(params, key, w, use_gpi: bool):
+        """One greedy episode: its return and, acting on w, the response of its learned cumulants (the first T-1
+        transitions: the last has no h_{t+1})."""
         net = eqx.combine(params, setup.static)
         env_params = env.task_params(w)
         key_reset, key_run = jax.random.split(key)
@@ -640,22 +650,29 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS, gpi_settings=GPI_S
             rnn = core_step(net.core, env.rgb_from_symbolic(obs.image), prev_action, prev_reward, rnn)
             q = gpi_q_values(net, rnn[0], obs.w, policies) if use_gpi else q_values(net, rnn[0], obs.w)
             action = jnp.argmax(q)
-            obs, env_state, reward, _, _, _ = env.step(key, env_state, action, env_params)
-            return (env_state, obs, action, reward, rnn), reward
+            obs, env_state, reward, _, _, info = env.step(key, env_state, action, env_params)
+            return (env_state, obs, action, reward, rnn), (reward, rnn[0] if not use_gpi else None, info["phi"])
 
-        _, rewards = jax.lax.scan(step, carry0, jax.random.split(key_run, env_params.max_steps_in_episode))
-        return rewards.sum()
+        keys = jax.random.split(key_run, env_params.max_steps_in_episode)
+        _, (rewards, h, phi_env) = jax.lax.scan(step, carry0, keys)
+        if use_gpi:
+            return rewards.sum(), None
+        phi = jax.vmap(net.phi)(h[1:], h[:-1])
+        return rewards.sum(), cumulant_response(phi, phi_env[:-1], jnp.ones(phi.shape[0], bool))
 
     tasks = jnp.asarray(tasks)
 
     @jax.jit
     def evaluate(params, key):
         keys = jax.random.split(key, (2, len(tasks), args.eval_episodes))
-        out = []
+        returns, response = [], (None, None)
         for g in gpi_settings:
-            per_episode = jax.vmap(partial(episode_return, use_gpi=g == 1), (None, 0, None))
-            out.append(jax.vmap(per_episode, (None, 0, 0))(params, keys[g], tasks))
-        return jnp.stack(out)
+            per_episode = jax.vmap(partial(episode, use_gpi=g == 1), (None, 0, None))
+            played, measured = jax.vmap(per_episode, (None, 0, 0))(params, keys[g], tasks)
+            returns.append(played)
+            if g == 0:  # summed over each task's episodes
+                response = jax.tree.map(lambda x: x.sum(1), measured)
+        return Evaluation(jnp.stack(returns), *response)
 
     return evaluate
 

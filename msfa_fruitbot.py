@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import equinox as eqx
 import flashbax as fbx
@@ -37,7 +37,7 @@ from common.envs import fruitbot, fruitbot_jax
 from common.envs.fruitbot import IMAGE_SHAPE, MAX_LEVELS, NUM_ACTIONS, TEST_TASKS, TRAIN_LEVELS, TRAIN_TASKS, Fruitbot
 from common.envs.host import play_first_episodes
 from common.gpi import gpi_values
-from common.networks import MLP, count_params, prev_action_reward
+from common.networks import MLP, count_params
 from common.run import (IterationMetrics, RunArgs, RunDir, SGDMetrics, Training, check_replay_args, check_replay_memory,
                         check_run_args, cumulant_stats, exit_on_config_error, finished_episodes, parse_args, require,
                         require_non_negative, require_positive, train_in_chunks, whole_iterations)
@@ -65,6 +65,10 @@ class Args(RunArgs):
     """ablation: one psi MLP on [h^1; ...; h^n; z] gives all of psi (USFA's head on the concatenated modules)"""
     entangled_phi: bool = False
     """ablation: one phi MLP on [h^1_{t+1}; h^1_t; ...; h^n_{t+1}; h^n_t] gives all of phi"""
+    reward_input: Literal["on", "off"] = "on"
+    """on: the recurrent core reads the previous reward tanh(r_{t-1}) beside the previous action (the paper's agent);
+    off: its entry is 0, so the module states, and the cumulants phi read from them, cannot see the reward (the
+    cumulants' confound: docs/cumulants.md)"""
     q_coeff: float = 0.5
     """weight alpha_Q of the Q-learning loss on psi . w"""
     sf_coeff: float = 1.0
@@ -206,7 +210,8 @@ GPI_SUPPORTS = ("train", "test")
 
 
 def method_name(args: Args) -> str:
-    parts = [name for name, on in (("entangled psi", args.entangled_psi), ("entangled phi", args.entangled_phi)) if on]
+    parts = [name for name, on in (("entangled psi", args.entangled_psi), ("entangled phi", args.entangled_phi),
+                                   ("reward-blind", args.reward_input == "off")) if on]
     return f"MSFA ({', '.join(parts)})" if parts else "MSFA"
 
 
@@ -237,7 +242,7 @@ class MSFANetwork(eqx.Module):
         n, d = args.num_modules, args.module_size
         per_module = task_dim // n
         self.core = FarmCore(NUM_ACTIONS, n, d, args.attention_heads, args.projection_dim, k_core, torso="impala",
-                             backend=args.core_backend)
+                             backend=args.core_backend, reward_input=args.reward_input == "on")
         if args.entangled_psi:
             self.psi_mlp = MLP((n * d + task_dim, *args.psi_hidden, NUM_ACTIONS * task_dim), k_psi)
         else:
@@ -321,15 +326,14 @@ def reset_where(first, state, initial):
 
 def core_step(core, image, prev_action, prev_reward, state):
     """One step of the recurrent core on one frame."""
-    return core.recur(core.torso(image), prev_action_reward(prev_action, prev_reward, NUM_ACTIONS), state)
+    return core.recur(core.torso(image), core.input_vector(prev_action, prev_reward), state)
 
 
 def unroll(core, seq: Sequence):
     """The torso's maps [T, 8, 8, 32] of a sequence's frames (the torso runs outside the loop) and the recurrent
     states (h, c) [T, ...] along it."""
     maps = jax.vmap(core.torso)(seq.steps.obs)
-    vectors = jax.vmap(partial(prev_action_reward, num_actions=NUM_ACTIONS))(seq.steps.prev_action,
-                                                                            seq.steps.prev_reward)
+    vectors = jax.vmap(core.input_vector)(seq.steps.prev_action, seq.steps.prev_reward)
     return maps, core.unroll(maps, vectors, seq.steps.first, seq.state)
 
 
@@ -340,7 +344,7 @@ def next_states(core, maps, seq: Sequence, states):
     terminal transitions use it: truncated ones are masked."""
     h_next = states[0][1:]
     s = seq.steps
-    vectors = jax.vmap(partial(prev_action_reward, num_actions=NUM_ACTIONS))(s.action[:-1], s.reward[:-1])
+    vectors = jax.vmap(core.input_vector)(s.action[:-1], s.reward[:-1])
     carried, _ = jax.vmap(core.recur)(maps[1:], vectors, jax.tree.map(lambda x: x[:-1], states))
     return jnp.where(s.first[1:].reshape((-1,) + (1,) * (h_next.ndim - 1)), carried, h_next)
 

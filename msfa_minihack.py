@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import partial
-from typing import ClassVar, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
 import equinox as eqx
 import flashbax as fbx
@@ -45,7 +45,7 @@ from common.envs.minihack import (CROP, NUM_ACTIONS, ROOM_SIZES, TEST_TASKS, TRA
                              make_rooms, render, step_in_jit, tile_set)
 from common.envs.host import play_first_episodes
 from common.gpi import gpi_values
-from common.networks import MLP, count_params, prev_action_reward
+from common.networks import MLP, count_params
 from common.run import (IterationMetrics, RunArgs, RunDir, SGDMetrics, Training, check_replay_args, check_replay_memory,
                         check_run_args, exit_on_config_error, finished_episodes, parse_args, require,
                         require_non_negative, require_positive, train_in_chunks, whole_iterations)
@@ -73,6 +73,10 @@ class Args(RunArgs):
     """ablation: one psi MLP on [h^1; ...; h^n; z] gives all of psi (USFA's head on the concatenated modules)"""
     entangled_phi: bool = False
     """ablation: one phi MLP on [h^1_{t+1}; h^1_t; ...; h^n_{t+1}; h^n_t] gives all of phi"""
+    reward_input: Literal["on", "off"] = "on"
+    """on: the recurrent core reads the previous reward tanh(r_{t-1}) beside the previous action (the paper's agent);
+    off: its entry is 0, so the module states, and the cumulants phi read from them, cannot see the reward (the
+    cumulants' confound: docs/cumulants.md)"""
     q_coeff: float = 0.5
     """weight alpha_Q of the Q-learning loss on psi . w"""
     sf_coeff: float = 1.0
@@ -214,7 +218,8 @@ GPI_SUPPORTS = ("train", "test")
 
 
 def method_name(args: Args) -> str:
-    parts = [name for name, on in (("entangled psi", args.entangled_psi), ("entangled phi", args.entangled_phi)) if on]
+    parts = [name for name, on in (("entangled psi", args.entangled_psi), ("entangled phi", args.entangled_phi),
+                                   ("reward-blind", args.reward_input == "off")) if on]
     return f"MSFA ({', '.join(parts)})" if parts else "MSFA"
 
 
@@ -245,7 +250,7 @@ class MSFANetwork(eqx.Module):
         n, d = args.num_modules, args.module_size
         per_module = task_dim // n
         self.core = FarmCore(NUM_ACTIONS, n, d, args.attention_heads, args.projection_dim, k_core, torso="impala",
-                             backend=args.core_backend)
+                             backend=args.core_backend, reward_input=args.reward_input == "on")
         if args.entangled_psi:
             self.psi_mlp = MLP((n * d + task_dim, *args.psi_hidden, NUM_ACTIONS * task_dim), k_psi)
         else:
@@ -322,15 +327,14 @@ def see(core, tiles):
 
 def core_step(core, tiles, prev_action, prev_reward, state):
     """One step of the recurrent core on one crop."""
-    return core.recur(see(core, tiles), prev_action_reward(prev_action, prev_reward, NUM_ACTIONS), state)
+    return core.recur(see(core, tiles), core.input_vector(prev_action, prev_reward), state)
 
 
 def unroll(core, seq: Sequence):
     """The recurrent states (h, c) [T, ...] along a sequence (the torso reads all its crops at once, outside the
     recurrence)."""
     maps = jax.vmap(partial(see, core))(seq.steps.obs)
-    vectors = jax.vmap(partial(prev_action_reward, num_actions=NUM_ACTIONS))(seq.steps.prev_action,
-                                                                            seq.steps.prev_reward)
+    vectors = jax.vmap(core.input_vector)(seq.steps.prev_action, seq.steps.prev_reward)
     return core.unroll(maps, vectors, seq.steps.first, seq.state)
 
 

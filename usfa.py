@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import partial
-from typing import ClassVar, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
 import equinox as eqx
 import flashbax as fbx
@@ -47,10 +47,11 @@ from common.envs import babyai, fruitbot, fruitbot_jax, minihack
 from common.envs.babyai import GotoAvoid, Observation, check_room
 from common.envs.host import play_first_episodes
 from common.gpi import gpi_values
-from common.networks import DQN_CHANNELS, MLP, LSTMCore, count_params, prev_action_reward
-from common.run import (IterationMetrics, RunArgs, RunDir, SGDMetrics, Training, check_replay_args, check_replay_memory,
-                        check_run_args, cumulant_stats, exit_on_config_error, finished_episodes, parse_args, require,
-                        require_non_negative, require_positive, shard_seeds, train_in_chunks, whole_iterations)
+from common.networks import DQN_CHANNELS, MLP, LSTMCore, count_params
+from common.run import (Evaluation, IterationMetrics, RunArgs, RunDir, SGDMetrics, Training, check_replay_args,
+                        check_replay_memory, check_run_args, cumulant_response, cumulant_stats, exit_on_config_error,
+                        finished_episodes, parse_args, require, require_non_negative, require_positive, shard_seeds,
+                        train_in_chunks, whole_iterations)
 
 
 # =====================================================================================================================
@@ -61,6 +62,10 @@ class Args(RunArgs):
     # --- The algorithm: network, losses, sequences and targets, replay, optimiser, acting (defaults: the paper's) ---
     learned_cumulants: bool = False
     """learn phi = MLP([h_{t+1}; h_t]) with MSFA's three losses instead of using the env's cumulants"""
+    reward_input: Literal["on", "off"] = "on"
+    """on: the recurrent core reads the previous reward tanh(r_{t-1}) beside the previous action (the paper's agent);
+    off: its entry is 0, so the state, and learned cumulants phi read from it, cannot see the reward (the
+    cumulants' confound: docs/cumulants.md)"""
     lstm_size: int | None = None
     """size of the LSTM state h (default: 512 on BabyAI, 300 on Fruitbot and MiniHack)"""
     psi_hidden: tuple[int, ...] | None = None
@@ -274,7 +279,9 @@ def check_args(args: Args) -> None:
 
 
 def method_name(args: Args) -> str:
-    return "USFA (learned cumulants)" if args.learned_cumulants else "USFA"
+    parts = [name for name, on in (("learned cumulants", args.learned_cumulants),
+                                   ("reward-blind", args.reward_input == "off")) if on]
+    return f"USFA ({', '.join(parts)})" if parts else "USFA"
 
 
 def keeps_game_views(args: Args) -> bool:
@@ -319,7 +326,8 @@ class USFANetwork(eqx.Module):
         k_core, k_psi, k_phi = jax.random.split(key, 3)
         self.num_actions = env_module(args).NUM_ACTIONS
         self.core = LSTMCore(self.num_actions, args.lstm_size, k_core, torso=TORSOS[args.env],
-                             torso_channels=args.torso_channels if args.env == "babyai" else None)
+                             torso_channels=args.torso_channels if args.env == "babyai" else None,
+                             reward_input=args.reward_input == "on")
         self.psi_mlp = MLP((args.lstm_size + task_dim, *args.psi_hidden, self.num_actions * task_dim), k_psi)
         self.phi_mlp = (MLP((2 * args.lstm_size, *args.phi_hidden, task_dim), k_phi)
                         if args.learned_cumulants else None)
@@ -393,15 +401,14 @@ def reset_where(first, state, initial):
 
 def core_step(core, rgb, prev_action, prev_reward, state):
     """One step of the recurrent core on one observation."""
-    return core.recur(core.torso(rgb), prev_action_reward(prev_action, prev_reward, core.num_actions), state)
+    return core.recur(core.torso(rgb), core.input_vector(prev_action, prev_reward), state)
 
 
 def unroll(core, render, seq: Sequence):
     """The torso's maps [T, ...] of a sequence's views (the torso runs outside the loop) and the recurrent states
     (h, c) [T, ...] along it."""
     maps = jax.vmap(lambda o: core.torso(render(o)))(seq.steps.obs)
-    vectors = jax.vmap(partial(prev_action_reward, num_actions=core.num_actions))(seq.steps.prev_action,
-                                                                                 seq.steps.prev_reward)
+    vectors = jax.vmap(core.input_vector)(seq.steps.prev_action, seq.steps.prev_reward)
     return maps, core.unroll(maps, vectors, seq.steps.first, seq.state)
 
 
@@ -424,7 +431,7 @@ def next_states(core, render, seq: Sequence, states, args, maps=None):
     h_next = states[0][1:]
     s = seq.steps
     if args.env == "fruitbot":
-        vectors = jax.vmap(partial(prev_action_reward, num_actions=core.num_actions))(s.action[:-1], s.reward[:-1])
+        vectors = jax.vmap(core.input_vector)(s.action[:-1], s.reward[:-1])
         carried, _ = jax.vmap(core.recur)(maps[1:], vectors, jax.tree.map(lambda x: x[:-1], states))
         return jnp.where(s.first[1:].reshape((-1,) + (1,) * (h_next.ndim - 1)), carried, h_next)
     if not keeps_final_view(args):
@@ -873,7 +880,8 @@ def eval_tasks(args: Args) -> np.ndarray:
 
 def make_evaluate(setup: Setup, args: Args, tasks=None, gpi_settings=GPI_SETTINGS):
     """evaluate(params, key) -> returns [gpi_settings, tasks, episodes] of one seed's params, on the train and test
-    tasks (or any task vectors: results/evaluate.py). BabyAI and Fruitbot's JAX game: one jitted program; host envs
+    tasks (or any task vectors: results/evaluate.py); on BabyAI an Evaluation, which with learned cumulants holds
+    their response on the episodes acting on w too (eval.csv reads it on the train tasks: common/run/cumulants.py). BabyAI and Fruitbot's JAX game: one jitted program; host envs
     (MiniHack, Fruitbot on procgen): greedy episodes on unrestricted levels, the network acting for all (task,
     episode) envs at once, the envs on the host. gpi_settings picks the settings played (results/evaluate.py --gpi
     on|off plays one); each keeps its own keys and levels, so its returns are those of playing both."""
@@ -884,35 +892,46 @@ def make_evaluate(setup: Setup, args: Args, tasks=None, gpi_settings=GPI_SETTING
         return make_jax_evaluate(setup, args, np.asarray(tasks, np.float32), gpi_policies(args), gpi_settings)
     env = setup.env
     policies = jnp.asarray(babyai.TRAIN_TASKS)
+    measure = args.learned_cumulants  # the response of the learned cumulants (the env's are exact)
 
-    def episode_return(params, key, w, use_gpi: bool):
+    def episode(params, key, w, use_gpi: bool):
+        """One greedy episode: its return and, acting on w with learned cumulants, their response (the first T-1
+        transitions: the last has no h_{t+1})."""
         net = eqx.combine(params, setup.static)
         env_params = env.task_params(w)
         key_reset, key_run = jax.random.split(key)
         obs, env_state = env.reset(key_reset, env_params)
         carry0 = (env_state, obs, jnp.zeros((), jnp.int32), jnp.zeros(()), net.core.initial_state())
+        kept = measure and not use_gpi
 
         def step(carry, key):
             env_state, obs, prev_action, prev_reward, rnn = carry
             rnn = core_step(net.core, env.rgb_from_symbolic(obs.image), prev_action, prev_reward, rnn)
             q = gpi_q_values(net, rnn[0], obs.w, policies) if use_gpi else q_values(net, rnn[0], obs.w)
             action = jnp.argmax(q)
-            obs, env_state, reward, _, _, _ = env.step(key, env_state, action, env_params)
-            return (env_state, obs, action, reward, rnn), reward
+            obs, env_state, reward, _, _, info = env.step(key, env_state, action, env_params)
+            return (env_state, obs, action, reward, rnn), (reward, rnn[0] if kept else None, info["phi"])
 
-        _, rewards = jax.lax.scan(step, carry0, jax.random.split(key_run, env_params.max_steps_in_episode))
-        return rewards.sum()
+        keys = jax.random.split(key_run, env_params.max_steps_in_episode)
+        _, (rewards, h, phi_env) = jax.lax.scan(step, carry0, keys)
+        if not kept:
+            return rewards.sum(), None
+        phi = jax.vmap(net.phi)(h[1:], h[:-1])
+        return rewards.sum(), cumulant_response(phi, phi_env[:-1], jnp.ones(phi.shape[0], bool))
 
     tasks = jnp.asarray(tasks)
 
     @jax.jit
     def evaluate(params, key):
         keys = jax.random.split(key, (2, len(tasks), args.eval_episodes))
-        out = []
+        returns, response = [], (None, None)
         for g in gpi_settings:
-            per_episode = jax.vmap(partial(episode_return, use_gpi=g == 1), (None, 0, None))
-            out.append(jax.vmap(per_episode, (None, 0, 0))(params, keys[g], tasks))
-        return jnp.stack(out)
+            per_episode = jax.vmap(partial(episode, use_gpi=g == 1), (None, 0, None))
+            played, measured = jax.vmap(per_episode, (None, 0, 0))(params, keys[g], tasks)
+            returns.append(played)
+            if measured is not None:  # summed over each task's episodes
+                response = jax.tree.map(lambda x: x.sum(1), measured)
+        return Evaluation(jnp.stack(returns), *response)
 
     return evaluate
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import partial
-from typing import ClassVar, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
 import equinox as eqx
 import flashbax as fbx
@@ -47,7 +47,7 @@ from common.envs import babyai, fruitbot, fruitbot_jax, minihack
 from common.envs.babyai import GotoAvoid, Observation, check_room
 from common.envs.host import play_first_episodes
 from common.farm import FarmCore, apply_per_module
-from common.networks import DQN_CHANNELS, MLP, LSTMCore, count_params, prev_action_reward
+from common.networks import DQN_CHANNELS, MLP, LSTMCore, count_params
 from common.run import (IterationMetrics, RunArgs, RunDir, SGDMetrics, Training, check_replay_args, check_replay_memory,
                         check_run_args, exit_on_config_error, finished_episodes, parse_args, require,
                         require_non_negative, require_positive, shard_seeds, train_in_chunks, whole_iterations)
@@ -63,6 +63,9 @@ class Args(RunArgs):
     """UVFA-FARM: FARM module states instead of one LSTM"""
     modular: bool = False
     """MVFA: FARM module states, Q = sum_k Q^k(s^k, w^k) (implies FARM states)"""
+    reward_input: Literal["on", "off"] = "on"
+    """on: the recurrent core reads the previous reward tanh(r_{t-1}) beside the previous action (the paper's agent);
+    off: its entry is 0, so the state cannot see the reward (the reward-blind core of docs/cumulants.md)"""
     num_modules: int | None = None
     """FARM modules (--farm, --modular; default: 4, 3 on MiniHack)"""
     module_size: int | None = None
@@ -294,7 +297,8 @@ def replay_bytes(args: Args, frames: bool | None = None) -> int:
 
 
 def method_name(args: Args) -> str:
-    return "MVFA" if args.modular else "UVFA-FARM" if args.farm else "UVFA"
+    name = "MVFA" if args.modular else "UVFA-FARM" if args.farm else "UVFA"
+    return f"{name} (reward-blind)" if args.reward_input == "off" else name
 
 
 def steps_per_iteration(args: Args) -> int:
@@ -339,10 +343,12 @@ class UVFANetwork(eqx.Module):
         if args.farm or args.modular:
             n, d = args.num_modules, args.module_size
             self.core = FarmCore(num_actions, n, d, args.attention_heads, args.projection_dim, k_core, torso=torso,
-                                 backend=args.core_backend, torso_channels=channels)
+                                 backend=args.core_backend, torso_channels=channels,
+                                 reward_input=args.reward_input == "on")
             state_size = n * d
         else:
-            self.core = LSTMCore(num_actions, args.lstm_size, k_core, torso=torso, torso_channels=channels)
+            self.core = LSTMCore(num_actions, args.lstm_size, k_core, torso=torso, torso_channels=channels,
+                                 reward_input=args.reward_input == "on")
             state_size = args.lstm_size
         if args.modular:
             per_module = task_dim // args.num_modules
@@ -414,15 +420,14 @@ def reset_where(first, state, initial):
 
 def core_step(core, rgb, prev_action, prev_reward, state):
     """One step of the recurrent core on one observation."""
-    return core.recur(core.torso(rgb), prev_action_reward(prev_action, prev_reward, core.num_actions), state)
+    return core.recur(core.torso(rgb), core.input_vector(prev_action, prev_reward), state)
 
 
 def unroll(core, render, seq: Sequence):
     """The recurrent states (h, c) [T, ...] along a sequence (the torso reads all its views at once, outside the
     recurrence)."""
     maps = jax.vmap(lambda o: core.torso(render(o)))(seq.steps.obs)
-    vectors = jax.vmap(partial(prev_action_reward, num_actions=core.num_actions))(seq.steps.prev_action,
-                                                                                 seq.steps.prev_reward)
+    vectors = jax.vmap(core.input_vector)(seq.steps.prev_action, seq.steps.prev_reward)
     return core.unroll(maps, vectors, seq.steps.first, seq.state)
 
 

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from common import farm_fast, farm_pallas
-from common.networks import TORSOS, DQNTorso, ImpalaTorso, LSTMCell, linear
+from common.networks import TORSOS, DQNTorso, ImpalaTorso, LSTMCell, linear, prev_action_reward
 from common.run.errors import ConfigError
 
 
@@ -175,16 +175,21 @@ class FarmCore(eqx.Module):
     farm: FARM
     num_actions: int = eqx.field(static=True)  # the size of the one-hot previous action it reads
     backend: str = eqx.field(static=True, default="fused")
+    reward_input: bool = eqx.field(static=True, default=True)  # whether it reads the previous reward
 
     def __init__(self, num_actions: int, num_modules: int, module_size: int, num_heads: int, projection: int, key,
-                 torso: str = "dqn", backend: str | None = None, torso_channels: tuple[int, ...] | None = None):
-        """torso_channels: the torso's widths (None: its default, the original's)."""
+                 torso: str = "dqn", backend: str | None = None, torso_channels: tuple[int, ...] | None = None,
+                 reward_input: bool = True):
+        """torso_channels: the torso's widths (None: its default, the original's). reward_input: the previous
+        reward is part of the input vector (common.networks.prev_action_reward) that FARM's queries and LSTMs read;
+        False: --reward-input off."""
         k_torso, k_farm = jax.random.split(key)
         torso_class, (height, width, channels) = TORSOS[torso]
         self.torso = torso_class(k_torso) if torso_channels is None else torso_class(k_torso, channels=torso_channels)
         self.farm = FARM(num_modules, module_size, num_heads, channels=channels, num_pixels=height * width,
                          vector_size=num_actions + 1, projection=projection, key=k_farm)
         self.num_actions, self.backend = num_actions, FarmCore.backend_to_run(backend)
+        self.reward_input = reward_input
 
     @staticmethod
     def backend_to_run(backend: str | None) -> str:
@@ -202,6 +207,11 @@ class FarmCore(eqx.Module):
 
     def initial_state(self):
         return self.farm.initial_state()
+
+    def input_vector(self, prev_action, prev_reward):
+        """[onehot(a_{t-1}); tanh(r_{t-1})], what FARM's queries and LSTMs read besides the map (the reward's entry
+        0 without reward_input)."""
+        return prev_action_reward(prev_action, prev_reward, self.num_actions, self.reward_input)
 
     def unroll(self, maps, vectors, first, state):
         """The states (h, c) [T, n, d] along a sequence: the torso's maps [T, H, W, C], the [a_prev; r_prev]

@@ -184,9 +184,13 @@ TORSOS = {"dqn": (DQNTorso, TORSO_MAP_SHAPE), "impala": (ImpalaTorso, IMPALA_MAP
 """torso name -> (class, output map shape)"""
 
 
-def prev_action_reward(prev_action, prev_reward, num_actions: int):
-    """[onehot(a_{t-1}); tanh(r_{t-1})]: what every recurrent core sees besides the image."""
-    return jnp.concatenate([jax.nn.one_hot(prev_action, num_actions), jnp.tanh(prev_reward)[None]])
+def prev_action_reward(prev_action, prev_reward, num_actions: int, reward_input: bool = True):
+    """[onehot(a_{t-1}); tanh(r_{t-1})]: what every recurrent core sees besides the image (the paper's and the
+    authors' agents). With reward_input False (--reward-input off) the reward's entry is 0: the core, and the
+    learned cumulants phi(h_{t+1}, h_t) read from it, cannot see the reward (docs/cumulants.md). The entry stays,
+    so the networks' shapes are the same either way; its weights then get no gradient and never change."""
+    reward = jnp.tanh(prev_reward) if reward_input else jnp.zeros_like(prev_reward, jnp.float32)
+    return jnp.concatenate([jax.nn.one_hot(prev_action, num_actions), reward[None]])
 
 
 class LSTMCore(eqx.Module):
@@ -201,12 +205,14 @@ class LSTMCore(eqx.Module):
     torso: DQNTorso | ImpalaTorso
     lstm: LSTMCell
     num_actions: int = eqx.field(static=True)  # the size of the one-hot previous action it reads
+    reward_input: bool = eqx.field(static=True, default=True)  # whether it reads the previous reward
     flat: eqx.nn.Linear | None = None
 
     def __init__(self, num_actions: int, hidden_size: int, key, torso: str = "dqn", flat_size: int = 256,
-                 torso_channels: tuple[int, ...] | None = None):
+                 torso_channels: tuple[int, ...] | None = None, reward_input: bool = True):
+        """reward_input: the previous reward is part of its input (prev_action_reward); False: --reward-input off."""
         k_torso, k_lstm, k_flat = jax.random.split(key, 3)
-        self.num_actions = num_actions
+        self.num_actions, self.reward_input = num_actions, reward_input
         torso_class, map_shape = TORSOS[torso]
         self.torso = torso_class(k_torso) if torso_channels is None else torso_class(k_torso, channels=torso_channels)
         features = math.prod(map_shape)
@@ -217,6 +223,11 @@ class LSTMCore(eqx.Module):
     def initial_state(self):
         zeros = jnp.zeros(self.lstm.hidden_size)
         return zeros, zeros
+
+    def input_vector(self, prev_action, prev_reward):
+        """[onehot(a_{t-1}); tanh(r_{t-1})], what the LSTM reads besides the torso (the reward's entry 0 without
+        reward_input)."""
+        return prev_action_reward(prev_action, prev_reward, self.num_actions, self.reward_input)
 
     def inputs(self, image_map, vector):
         """The gates' state-independent part W_x [vector; features] + b [..., 4H], for any leading axes."""

@@ -45,7 +45,8 @@ import numpy as np
 import tyro
 
 from common.envs.babyai import CATEGORY_KINDS, TEST_TASKS, TRAIN_TASKS
-from common.run import cumulant_quality, cumulant_stats, exit_on_config_error, format_task, require
+from common.run import (RESPONSE, cumulant_quality, cumulant_response, cumulant_stats, exit_on_config_error,
+                        format_task, require, response_means, response_sums)
 from results import contract
 from results.contract import play_names, require_names, run_label
 from results.evaluate import greedy_step, load_agent, params_files, parse_tasks
@@ -121,18 +122,23 @@ def module_groups(agent: Agent, num_categories: int) -> int:
     return num_categories
 
 
-def rollout(agent: Agent, tasks: np.ndarray, episodes: int, use_gpi: bool, key) -> dict[str, np.ndarray]:
+def rollout(agent: Agent, tasks: np.ndarray, episodes: int, use_gpi: bool, key,
+            response: bool = False) -> dict[str, np.ndarray]:
     """Greedy episodes [tasks, episodes, T, ...] of one saved seed. The policy is the script's own evaluation policy
     (its q_values / gpi_q_values), with make_evaluate's key layout, so the returns equal its evaluation's. Returns
     reward [.., T], phi_env [.., T, C], phi [.., T-1, C] (learned cumulants, where the method has them), q [.., T]
     (the value the policy gave the chosen action a) and contribution [.., T, C] (psi_c(s, a, z*) w_c, z* the
-    policy GPI chose: its sum over c is q)."""
+    policy GPI chose: its sum over c is q). With response (learned cumulants, acting on w): also phi_counterfactual
+    [.., T-1, C], phi(h'_{t+1}, h_t) with h'_{t+1} the core's step from the true h_t on the same view and action but
+    the previous reward 0 (a reward reader's phi drops, a category detector's stays), and psi [.., T, C], the
+    successor features psi(s, a_t, w) of the action taken."""
     script = agent.script
     setup = script.make_setup(agent.args)
     env = setup.env
     net = eqx.combine(agent.params, setup.static)
     policies = jnp.asarray(TRAIN_TASKS)
     learned = has_learned_phi(agent)
+    response = response and learned and not use_gpi
 
     def episode(key, w):
         env_params = env.task_params(w)
@@ -142,21 +148,52 @@ def rollout(agent: Agent, tasks: np.ndarray, episodes: int, use_gpi: bool, key) 
 
         def step(carry, key):
             env_state, obs, prev_action, prev_reward, rnn = carry
-            action, q, _, contribution, rnn = greedy_step(script, net, env.rgb_from_symbolic, policies, use_gpi,
+            rgb = env.rgb_from_symbolic(obs.image)
+            action, q, _, contribution, new = greedy_step(script, net, env.rgb_from_symbolic, policies, use_gpi,
                                                           obs.image, obs.w, prev_action, prev_reward, rnn)
+            extra = ()
+            if response:  # h'_t: this step from the previous state without the previous reward; psi of the action
+                blind = script.core_step(net.core, rgb, prev_action, jnp.zeros_like(prev_reward), rnn)
+                extra = (blind[0], net.psi(new[0], obs.w)[action])
             obs, env_state, reward, _, _, info = env.step(key, env_state, action, env_params)
-            return (env_state, obs, action, reward, rnn), (reward, info["phi"], rnn[0], q, contribution)
+            return (env_state, obs, action, reward, new), (reward, info["phi"], new[0], q, contribution, *extra)
 
-        _, (reward, phi_env, h, q, contribution) = jax.lax.scan(
+        _, (reward, phi_env, h, q, contribution, *extra) = jax.lax.scan(
             step, carry0, jax.random.split(key_run, env_params.max_steps_in_episode))
         out = {"reward": reward, "phi_env": phi_env, "q": q, "contribution": contribution}
         if learned:
             out["phi"] = jax.vmap(net.phi)(h[1:], h[:-1])
+        if response:
+            h_blind, psi = extra
+            out["phi_counterfactual"] = jax.vmap(net.phi)(h_blind[1:], h[:-1])
+            out["psi"] = psi
         return out
 
     keys = jax.random.split(key, (2, len(tasks), episodes))[int(use_gpi)]  # make_evaluate's keys of this setting
     run = jax.jit(jax.vmap(jax.vmap(episode, (0, None)), (0, 0)))
     return jax.tree.map(np.asarray, run(keys, jnp.asarray(tasks)))
+
+
+def response_record(trace: dict, tasks: np.ndarray) -> dict:
+    """A seed's cumulant response on the train tasks (a rollout with response=True), as sums for JSON: per task the
+    response matrix as played and with the counterfactual (common.run.cumulant_response: sums [C, C], counts [C]),
+    the successor-feature matrix (sums [C] of psi(s, a_t, e_k) over the task's states, and their count), and the
+    mean return acting on w (GPI's cost on the train tasks is this minus the return with GPI)."""
+    valid = np.ones(trace["phi"].shape[1:3], bool)  # (episodes, T-1): the first T-1 transitions of every episode
+    record = {"tasks": [format_task(w) for w in tasks], "sums": [], "sums_counterfactual": [], "counts": [],
+              "psi_sums": [], "psi_count": [], "returns_acting_on_w": trace["reward"].sum(-1).mean(-1).tolist()}
+    for t in range(len(tasks)):
+        env = trace["phi_env"][t, :, :-1]
+        sums, counts = cumulant_response(jnp.asarray(trace["phi"][t]), jnp.asarray(env), jnp.asarray(valid))
+        blind, _ = cumulant_response(jnp.asarray(trace["phi_counterfactual"][t]), jnp.asarray(env),
+                                     jnp.asarray(valid))
+        record["sums"].append(np.asarray(sums, np.float64).tolist())
+        record["sums_counterfactual"].append(np.asarray(blind, np.float64).tolist())
+        record["counts"].append(np.asarray(counts).astype(int).tolist())
+        psi = trace["psi"][t].astype(np.float64)
+        record["psi_sums"].append(psi.reshape(-1, psi.shape[-1]).sum(0).tolist())
+        record["psi_count"].append(int(np.prod(psi.shape[:-1])))
+    return record
 
 
 def prediction_errors(trace: dict, tasks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -264,6 +301,171 @@ def pickup_table(counts: dict[str, np.ndarray], tasks: np.ndarray) -> list[str]:
     return lines
 
 
+def seed_response(record: dict, counterfactual: bool = False) -> dict[str, float]:
+    """RESPONSE's means of one seed's record (common.run.response_sums over its train tasks)."""
+    r = record["response"]
+    sums = r["sums_counterfactual" if counterfactual else "sums"]
+    return response_means(response_sums(sums, r["counts"], parse_tasks(";".join(r["tasks"]))))
+
+
+def pooled_seed_response(records: list[dict], counterfactual: bool = False) -> tuple[dict, dict]:
+    """RESPONSE over a method's seeds: ({name: mean over all seeds' pickups}, {name: pickups behind it})."""
+    r0 = records[0]["response"]
+    key = "sums_counterfactual" if counterfactual else "sums"
+    sums = sum(np.asarray(r["response"][key]) for r in records)
+    counts = sum(np.asarray(r["response"]["counts"]) for r in records)
+    summed = response_sums(sums, counts, parse_tasks(";".join(r0["tasks"])))
+    return response_means(summed), {name: int(v[2]) for name, v in summed.items()}
+
+
+def spread(values: list[float]) -> str:
+    """A seeds' values as their mean and 95% t-interval (one seed: its value)."""
+    values = [v for v in values if not np.isnan(v)]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    from scipy import stats
+
+    mean, se = float(np.mean(values)), float(np.std(values, ddof=1) / np.sqrt(len(values)))
+    half = float(stats.t.ppf(0.975, len(values) - 1)) * se
+    return f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]"
+
+
+def response_table(runs: dict[str, list[dict]]) -> list[str]:
+    """Per method, the response as played and with the previous reward 0 (the counterfactual): each number the
+    mean over the seeds' own means and its 95% t-interval over seeds, then the pooled pickups behind it."""
+    lines = ["| method | previous reward | " + " | ".join(RESPONSE_TITLES[n] for n in RESPONSE)
+             + " | rewarded / unrewarded pickups |", "|---|---|" + "---:|" * (len(RESPONSE) + 1)]
+    for name, records in runs.items():
+        if "response" not in records[0]:
+            continue
+        for counterfactual in (False, True):
+            per_seed = [seed_response(r, counterfactual) for r in records]
+            _, pickups = pooled_seed_response(records, counterfactual)
+            lines.append(f"| {name} | {'0 (counterfactual)' if counterfactual else 'as played'} | "
+                         + " | ".join(spread([s[n] for s in per_seed]) for n in RESPONSE)
+                         + f" | {pickups['own_rewarded']:,} / {pickups['own_unrewarded']:,} |")
+    if len(lines) == 2:
+        return ["(no run with learned cumulants: only MSFA and USFA --learned-cumulants learn phi)"]
+    return lines
+
+
+RESPONSE_TITLES = {"own_rewarded": "own, rewarded", "own_unrewarded": "own, unrewarded",
+                   "crosstalk": "crosstalk c", "cross_unrewarded": "cross, unrewarded"}
+
+
+def gpi_cost(record: dict) -> float:
+    """GPI's cost on the train tasks of one seed: mean return acting on w minus with GPI (NaN where the record was
+    played without GPI)."""
+    if not record["gpi"] or "response" not in record:
+        return float("nan")
+    train = [t for t, task in enumerate(record["tasks"]) if task not in TEST_NAMES]
+    return float(np.mean(record["response"]["returns_acting_on_w"]) - np.mean([record["returns"][t] for t in train]))
+
+
+def gpi_cost_table(runs: dict[str, list[dict]]) -> list[str]:
+    lines = ["| method | train return, acting on w | train return, GPI | GPI's cost (difference) |",
+             "|---|---:|---:|---:|"]
+    for name, records in runs.items():
+        costs = [gpi_cost(r) for r in records]
+        if all(np.isnan(costs)):
+            continue
+        train = [t for t, task in enumerate(records[0]["tasks"]) if task not in TEST_NAMES]
+        on_w = [float(np.mean(r["response"]["returns_acting_on_w"])) for r in records]
+        with_gpi = [float(np.mean([r["returns"][t] for t in train])) for r in records]
+        lines.append(f"| {name} | {spread(on_w)} | {spread(with_gpi)} | {spread(costs)} |")
+    if len(lines) == 2:
+        return ["(none: GPI's cost needs a run with learned cumulants analysed with --gpi on)"]
+    return lines
+
+
+def response_matrix(records: list[dict], counterfactual: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """A method's full response over its seeds: mean phi^i [K, C, C] at pickups of category j in task e_k (NaN where
+    there were none), and the pickups [K, C]."""
+    key = "sums_counterfactual" if counterfactual else "sums"
+    sums = sum(np.asarray(r["response"][key], np.float64) for r in records)
+    counts = sum(np.asarray(r["response"]["counts"], np.float64) for r in records)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(counts[..., None] > 0, sums / counts[..., None], np.nan), counts
+
+
+def sf_matrix(records: list[dict]) -> np.ndarray:
+    """Mean psi^j(s, a_t, e_k) [K, C] over the states of task e_k's episodes acting on w, all seeds: what GPI
+    reads of policy k (row k) for each cumulant j."""
+    sums = sum(np.asarray(r["response"]["psi_sums"], np.float64) for r in records)
+    count = sum(np.asarray(r["response"]["psi_count"], np.float64) for r in records)
+    return sums / count[:, None]
+
+
+def matrix_tables(runs: dict[str, list[dict]]) -> list[str]:
+    lines = []
+    for name, records in runs.items():
+        if "response" not in records[0]:
+            continue
+        tasks = records[0]["response"]["tasks"]
+        played, counts = response_matrix(records)
+        blind, _ = response_matrix(records, counterfactual=True)
+        c = played.shape[-1]
+        phis = " | ".join(f"phi^{i + 1}" for i in range(c))
+        lines += [f"**{name}**: mean phi^i at pickups of category j in task e_k (as played | previous reward 0)", "",
+                  f"| task | picked | pickups | {phis} | {phis} (reward 0) |", "|---|---|---:|" + "---:|" * (2 * c)]
+        for k, task in enumerate(tasks):
+            for j in range(c):
+                cells = " | ".join("-" if np.isnan(x) else f"{x:.3f}" for x in (*played[k, j], *blind[k, j]))
+                mark = " (rewarded)" if j == np.argmax(parse_tasks(task)[0]) else ""
+                lines.append(f"| {task} | {j + 1}{mark} | {int(counts[k, j])} | {cells} |")
+        sf = sf_matrix(records)
+        lines += ["", f"**{name}**: successor features GPI reads, mean psi^j(s, a_t, e_k) over task e_k's states", "",
+                  "| policy e_k | " + " | ".join(f"psi^{j + 1}" for j in range(c)) + " |", "|---|" + "---:|" * c]
+        lines += [f"| {task} | " + " | ".join(f"{x:.3f}" for x in sf[k]) + " |" for k, task in enumerate(tasks)]
+        lines.append("")
+    return lines or ["(no run with learned cumulants)"]
+
+
+def plot_response(runs: dict[str, list[dict]], path: Path) -> bool:
+    """cumulant_response.png: per method, the response matrix as played and with the previous reward 0 (rows: task
+    e_k and the category picked; columns phi^i), and the successor-feature matrix. Whether there was one to draw."""
+    shown = {name: records for name, records in runs.items() if "response" in records[0]}
+    if not shown:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(shown), 3, figsize=(11, 4.2 * len(shown)), squeeze=False,
+                             gridspec_kw={"width_ratios": [1, 1, 1.05]})
+    for row, (name, records) in zip(axes, shown.items()):
+        tasks = records[0]["response"]["tasks"]
+        counts = response_matrix(records)[1]
+        c = counts.shape[-1]
+        labels = [f"e{k + 1}, picked {j + 1}{' *' if j == k else ''}" for k in range(len(tasks)) for j in range(c)]
+        for ax, counterfactual in zip(row[:2], (False, True)):
+            matrix = response_matrix(records, counterfactual)[0].reshape(-1, c)
+            ax.imshow(matrix, cmap="RdBu_r", vmin=-1.2, vmax=1.2, aspect="auto")
+            for (i, j), x in np.ndenumerate(matrix):
+                ax.text(j, i, "-" if np.isnan(x) else f"{x:.2f}", ha="center", va="center", fontsize=6.5)
+            ax.set_xticks(range(c), [f"phi^{i + 1}" for i in range(c)], fontsize=8)
+            ax.set_yticks(range(len(labels)), labels, fontsize=6.5)
+            ax.set_title(f"{name}\n{'previous reward set to 0' if counterfactual else 'as played'}", fontsize=8)
+        sf = sf_matrix(records)
+        image = row[2].imshow(sf, cmap="viridis", aspect="auto")
+        for (i, j), x in np.ndenumerate(sf):
+            row[2].text(j, i, f"{x:.2f}", ha="center", va="center", fontsize=7, color="white")
+        row[2].set_xticks(range(c), [f"psi^{j + 1}" for j in range(c)], fontsize=8)
+        row[2].set_yticks(range(len(tasks)), [f"policy e{k + 1}" for k in range(len(tasks))], fontsize=8)
+        row[2].set_title(f"{name}\nmean psi(s, a_t, e_k) on task e_k", fontsize=8)
+        fig.colorbar(image, ax=row[2], fraction=0.05)
+    fig.suptitle("The learned cumulants' response on the train tasks (acting on w; * rewarded pickups): a category "
+                 "detector is ~1 on its own category only,\na reward detector ~1 at every rewarded pickup and ~0 at "
+                 "unrewarded ones; with the previous reward 0 a reward detector drops", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
 def plot_heatmaps(counts: dict[str, np.ndarray], tasks: np.ndarray, path: Path) -> None:
     import matplotlib
 
@@ -343,7 +545,12 @@ def main(args: Args) -> None:
                 one = rollout(agent, activity_task, 1, use_gpi, jax.random.PRNGKey(args.seed))
                 activity = {"task": args.activity_task, "contribution": one["contribution"][0, 0].tolist(),
                             "phi_env": one["phi_env"][0, 0].tolist(), "groups": module_groups(agent, tasks.shape[1])}
-            records.append(seed_record(agent, trace, tasks, use_gpi, activity) | {"name": name})
+            record = seed_record(agent, trace, tasks, use_gpi, activity) | {"name": name}
+            if has_learned_phi(agent):  # the response, on the train tasks acting on w (make_evaluate's gpi-0 keys)
+                played = rollout(agent, TRAIN_TASKS, args.episodes, False,
+                                 jax.random.fold_in(jax.random.PRNGKey(args.seed), agent.seed), response=True)
+                record["response"] = response_record(played, TRAIN_TASKS)
+            records.append(record)
     report(group_records(records), Path(args.out))
 
 
@@ -395,6 +602,21 @@ def report(runs: dict[str, list[dict]], out: Path) -> None:
              "## Cumulant quality (all tasks' episodes)", "",
              "Per category k: correlation of phi^k with the pickups of k, and mean |phi^k - phi_env^k| on the "
              "transitions that picked up k and on the rest.", "", *quality_table(runs), "",
+             "## The cumulant response (train tasks, acting on w)", "",
+             "phi^i at pickups, on greedy episodes of the one-hot train tasks e_k acting on w (common.run.RESPONSE): "
+             "own, rewarded: phi^i at pickups of category i in task e_i; own, unrewarded: phi^i at pickups of i in "
+             "tasks e_k, k != i; crosstalk c: phi^i at (rewarded) pickups of category k in task e_k, k != i; cross, "
+             "unrewarded: phi^i at pickups of k in tasks e_m, m != k, i. A category detector gives 1, 1, 0, 0; a "
+             "reward detector 1, 0, 1, 0. The counterfactual recomputes h_{t+1} from the true h_t, view and action "
+             "with the previous-reward input 0: a reward reader's phi falls there, a category detector's does not. "
+             "Each number: the mean of the seeds' means and its 95% t-interval over seeds.", "",
+             *response_table(runs), "",
+             "### GPI's cost on the train tasks", "",
+             "Greedy return on the train tasks acting on w, with GPI over the train tasks, and their difference "
+             "(per seed, then mean and 95% t-interval over seeds). With exact cumulants GPI costs nothing on a train "
+             "task (its own policy is among those GPI maximises over).", "", *gpi_cost_table(runs), "",
+             "### The response matrix and the successor features GPI reads (all seeds pooled)", "",
+             *matrix_tables(runs), "",
              "## Pickups per episode", "", *pickup_table(counts, tasks), ""]
     (out / "analysis.md").write_text("\n".join(lines))
     print("\n".join(lines))
@@ -410,6 +632,8 @@ def report(runs: dict[str, list[dict]], out: Path) -> None:
             activity[f"{name}, seed {shown['seed']}"] = (np.array(a["contribution"]), np.array(a["phi_env"]),
                                                          a["groups"])
     written = ["analysis.md", "per_seed.csv", "records.json", "pickup_heatmaps.png"]
+    if plot_response(runs, out / "cumulant_response.png"):
+        written.append("cumulant_response.png")
     if activity:
         task = next(r["activity"]["task"] for records in runs.values() for r in records if r["activity"])
         plot_activity(activity, parse_tasks(task)[0], out / "module_activity.png")

@@ -28,7 +28,8 @@ import numpy as np
 import tyro
 
 from common.envs import babyai
-from common.run import EVAL_FIELDS, ConfigError, exit_on_config_error, format_task, load_script, require
+from common.run import (EVAL_FIELDS, ConfigError, evaluation_parts, exit_on_config_error, format_task, load_script,
+                        require)
 from results.compact import open_params
 from results.contract import EVALUATE, has_psi, require_names
 from results.summarize import recorded_env, tasks_of_env
@@ -142,7 +143,8 @@ def play(script, run_args, params, tasks: np.ndarray, settings: tuple, key) -> n
     """The script's evaluation of the GPI settings asked for: returns [settings, tasks, episodes]. Each setting keeps
     its own keys, so --gpi off gives the rows of --gpi both's off setting at half the cost."""
     setup = script.make_setup(run_args)
-    return np.asarray(script.make_evaluate(setup, run_args, tasks, gpi_settings=settings)(params, key))
+    out = script.make_evaluate(setup, run_args, tasks, gpi_settings=settings)(params, key)
+    return np.asarray(evaluation_parts(out).returns)  # (a script's Evaluation also holds the cumulant response)
 
 
 @exit_on_config_error

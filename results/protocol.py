@@ -93,6 +93,14 @@ METHODS = {  # per env, in the order the paper's claims need them: name -> scrip
         "mvfa": "uvfa.py --env minihack --modular",
     },
 }
+BLIND = "_blind"
+"""<method>_blind is the method with --reward-input off: its recurrent core cannot read the reward, so neither can
+cumulants learned from its state (docs/cumulants.md); e.g. msfa_blind, usfa_learned_blind. Named with --methods; the
+default methods are the paper's."""
+PAPER_METHODS = {env: tuple(methods) for env, methods in METHODS.items()}
+"""each env's methods as the paper has them, in its order: what a protocol runs when --methods names none"""
+for _methods in METHODS.values():
+    _methods.update({name + BLIND: command + " --reward-input off" for name, command in list(_methods.items())})
 SCALES = {
     "paper": {},
     # The miniature BabyAI: the paper's methods, losses, n-step, replay ratio, batch, optimiser, epsilon schedule and
@@ -208,7 +216,7 @@ def run_flags(args: Args, name: str, seed: int = 1, seeds: int | None = None) ->
     if env_name(args) in HOST_ENVS:
         flags += ["--env-workers", str(ENV_WORKERS if args.env_workers is None else args.env_workers)]
     scale = SCALES[args.scale].get(env_name(args), {})
-    flags += shlex.split(scale.get("all", "")) + shlex.split(scale.get(name, ""))
+    flags += shlex.split(scale.get("all", "")) + shlex.split(scale.get(name.removesuffix(BLIND), ""))
     return [str(ROOT / script), *flags, "--seed", str(seed), "--num-seeds", str(seeds or args.seeds),
             *shlex.split(args.extra)]
 
@@ -434,7 +442,7 @@ def resolve(args: Args, env: str | None = None) -> Args:
     require(args.env_workers > 0 and args.analysis_episodes > 0,
             "--env-workers and --analysis-episodes must be positive")
     require(len(set(args.devices)) == len(args.devices), f"--devices repeats a device: {' '.join(args.devices)}")
-    args = dataclasses.replace(args, methods=args.methods or tuple(known))
+    args = dataclasses.replace(args, methods=args.methods or PAPER_METHODS[env])
     if args.seeds_apart is None:
         import jax
 

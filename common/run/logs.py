@@ -1,5 +1,5 @@
-"""What a run records as it goes: metrics.csv and eval.csv (with TensorBoard and wandb), the progress lines on the
-terminal, and the learned cumulants' quality."""
+"""What a run records as it goes: metrics.csv and eval.csv (with TensorBoard and wandb) and the progress lines on the
+terminal (the learned cumulants' measurements they carry: common/run/cumulants.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from common.run.cumulants import (CUMULANT_SUMS, RESPONSE_FIELDS, cumulant_columns, cumulant_quality, pooled_response,
+                                  response_columns)
 from common.run.errors import SaveFailed, StopRun, require
 
 
-EVAL_FIELDS = ["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"]
-"""the columns of eval.csv (a contract: results/ and other tools read them)"""
+EVAL_FIELDS = ["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std", *RESPONSE_FIELDS]
+"""the columns of eval.csv (a contract: results/ and other tools read them; the cumulant response's are filled on
+the train tasks' rows acting on w of methods that learn phi, common/run/cumulants.py)"""
 
 
 def format_task(w) -> str:
@@ -169,46 +172,6 @@ class RunLogs:
         return False
 
 
-CUMULANT_SUMS = ("count", "phi", "phi_sq", "env", "env_sq", "phi_env", "pickups", "error_pickup", "error_other")
-"""The sums over transitions [9, C] (this order) that a script with learned cumulants reports per SGD step as
-"cumulant_stats" (its function `cumulant_stats`, which results/analyze.py also calls on greedy episodes): per
-category k, the count of transitions, sum phi^k, sum (phi^k)^2, sum phi_env^k, sum (phi_env^k)^2,
-sum phi^k phi_env^k, the number of pickups of category k (phi_env^k != 0), and sum |phi^k - phi_env^k| over the
-pickup and the other transitions. Sums, not means, so that SGD steps and chunks pool exactly."""
-
-
-def cumulant_stats(phi, phi_env, valid):
-    """The sums [9, C] of CUMULANT_SUMS over the valid transitions: how closely each learned phi^k
-    tracks the env's pickups of category k (metrics.csv's phi_corr_k, phi_error_pickup_k, phi_error_other_k).
-    phi, phi_env [..., C]; valid [...]. Only a measurement: nothing here reaches the loss."""
-    phi = jax.lax.stop_gradient(phi).reshape(-1, phi.shape[-1])
-    phi_env = phi_env.reshape(phi.shape)
-    v = jnp.broadcast_to(valid.reshape(-1, 1), phi.shape).astype(phi.dtype)
-    picked = (phi_env != 0) * v
-    error = jnp.abs(phi - phi_env)
-    return jnp.stack([v, phi * v, phi**2 * v, phi_env * v, phi_env**2 * v, phi * phi_env * v, picked,
-                      error * picked, error * (v - picked)]).sum(1)
-
-
-def cumulant_quality(sums) -> dict[str, np.ndarray]:
-    """How well learned cumulants track the env's pickups, per category k, from CUMULANT_SUMS [9, C]: "corr" (the
-    Pearson correlation of phi^k with phi_env^k), "error_pickup" and "error_other" (mean |phi^k - phi_env^k| on
-    the transitions that picked up category k and on the rest). NaN where undefined (no pickups, or no variance).
-    Not yet learned: corr near 0; learned the wrong thing: corr high but errors large (an offset or a scale)."""
-    n, sx, sxx, sy, syy, sxy, picks, err_pick, err_other = np.asarray(sums, np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cov = n * sxy - sx * sy
-        var = (n * sxx - sx**2) * (n * syy - sy**2)
-        corr = np.where(var > 0, cov / np.sqrt(np.maximum(var, 1e-300)), np.nan)
-        return {"corr": corr, "error_pickup": np.where(picks > 0, err_pick / picks, np.nan),
-                "error_other": np.where(n - picks > 0, err_other / (n - picks), np.nan)}
-
-
-def cumulant_columns(num_categories: int) -> list[str]:
-    """metrics.csv's cumulant-quality columns (category k = 1..C)."""
-    return [f"phi_{name}_{k + 1}" for name in ("corr", "error_pickup", "error_other") for k in range(num_categories)]
-
-
 class SGDMetrics(NamedTuple):
     """What an SGD step reports: its losses by name (the script's LOSS_NAMES, metrics.csv's loss columns, each a
     scalar) and, for a method that learns cumulants, the sums [len(CUMULANT_SUMS), C] of `cumulant_stats` over its
@@ -299,12 +262,18 @@ def progress_line(rows: list[dict], total_steps: int, eta_seconds: float) -> str
 
 
 def eval_line(rows: list[dict]) -> str:
-    """One line for an evaluation's eval.csv rows: mean train return (no GPI), mean test return (GPI if there)."""
+    """One line for an evaluation's eval.csv rows: mean train return (no GPI), mean test return (GPI if there), and
+    for learned cumulants their response (common/run/cumulants.py)."""
     gpi = max(r["gpi"] for r in rows)
     train = [r["return_mean"] for r in rows if r["split"] == "train" and r["gpi"] == 0]
     test = [r["return_mean"] for r in rows if r["split"] == "test" and r["gpi"] == gpi]
-    return (f"eval @ {rows[0]['step']:,}: train return {np.mean(train):.2f}, test return "
+    line = (f"eval @ {rows[0]['step']:,}: train return {np.mean(train):.2f}, test return "
             f"({'GPI' if gpi else 'no GPI'}) {np.mean(test):.2f}")
+    response = pooled_response(rows)
+    if not np.isnan(response["crosstalk"]):  # a method that learns phi, and rewarded pickups to read it at
+        line += (f"; phi at rewarded pickups: own {response['own_rewarded']:.2f}, crosstalk c "
+                 f"{response['crosstalk']:.2f}; at unrewarded: own {response['own_unrewarded']:.2f}")
+    return line
 
 
 def require_finite(rows: list[dict], names: tuple[str, ...], checkpoint: Path) -> None:
@@ -316,18 +285,38 @@ def require_finite(rows: list[dict], names: tuple[str, ...], checkpoint: Path) -
                               f"saving; {checkpoint} keeps the last good state")
 
 
+class Evaluation(NamedTuple):
+    """What a script's evaluate(params, key) returns where it measures more than the returns: the greedy returns
+    [gpi settings, tasks, episodes] and, for a method that learns phi, the cumulant response of its episodes acting
+    on w (gpi 0): sums [tasks, C, C] and counts [tasks, C], cumulant_response of each task's transitions (read on
+    the one-hot train tasks). A plain array is the returns alone (a script, or a copy, that measures nothing more)."""
+    returns: jax.Array
+    response_sums: jax.Array | None = None
+    response_counts: jax.Array | None = None
+
+
+def evaluation_parts(out) -> Evaluation:
+    """An evaluate(params, key)'s output as an Evaluation, whichever of the two forms it returned."""
+    return out if isinstance(out, Evaluation) else Evaluation(out)
+
+
 def eval_rows(evaluate, params, seeds: list[int], step: int, tasks, num_train: int, gpi_settings) -> list[dict]:
-    """eval.csv rows of every seed: mean and std of the greedy return per task and GPI setting. evaluate(params of
-    one seed, key) -> returns [gpi settings, tasks, episodes]; seed s at step S plays with key
+    """eval.csv rows of every seed: mean and std of the greedy return per task and GPI setting, and, where the
+    evaluation measures it, the cumulant response on the train tasks' rows acting on w. evaluate(params of one seed,
+    key) -> returns [gpi settings, tasks, episodes] (or an Evaluation); seed s at step S plays with key
     fold_in(PRNGKey(10000 + S), s), which `results.evaluate --seed 10000+S` replays."""
     eval_key = jax.random.PRNGKey(10_000 + step)
     rows = []
     for i, seed in enumerate(seeds):
-        returns = np.asarray(evaluate(jax.tree.map(lambda x: x[i], params), jax.random.fold_in(eval_key, seed)))
+        out = evaluation_parts(evaluate(jax.tree.map(lambda x: x[i], params), jax.random.fold_in(eval_key, seed)))
+        returns = np.asarray(out.returns)
         for g_index, g in enumerate(gpi_settings):
             for t, w in enumerate(tasks):
                 r = returns[g_index, t]
-                rows.append({"step": step, "seed": seed, "split": "train" if t < num_train else "test",
-                             "task": format_task(w), "gpi": g, "episodes": len(r), "return_mean": float(r.mean()),
-                             "return_std": float(r.std())})
+                row = {"step": step, "seed": seed, "split": "train" if t < num_train else "test",
+                       "task": format_task(w), "gpi": g, "episodes": len(r), "return_mean": float(r.mean()),
+                       "return_std": float(r.std())}
+                if out.response_sums is not None and g == 0 and t < num_train:
+                    row |= response_columns(out.response_sums[t], out.response_counts[t], w)
+                rows.append(row)
     return rows
