@@ -629,7 +629,7 @@ EVAL_TASKS = np.concatenate([TRAIN_TASKS, TEST_TASKS])
 
 def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS, gpi_settings=GPI_SETTINGS):
     """A jitted evaluate(params, key) -> Evaluation of one seed's params: the greedy returns [gpi_settings, tasks,
-    episodes] on the train and test tasks (or any task vectors: results/evaluate.py), and the cumulant response of
+    episodes] on the train and test tasks (or any task vectors: tools/evaluate.py), and the cumulant response of
     the episodes acting on w (eval.csv reads it on the train tasks: common/run/cumulants.py). gpi_settings picks the
     settings played (--gpi on|off there plays one); each setting keeps its own keys, so its returns are those of
     playing both."""
@@ -695,7 +695,8 @@ def main(args: Args) -> None:
         state, _ = run.restore(state)
     state = shard_seeds(state, args.num_seeds)  # seeds in parallel over the local devices, if there are several
     run.write_config({"method": method_name(args), "num_params": num_params,
-                      "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
+                      "sgd_steps_per_iteration": sgd_steps_per_iteration(args),
+                      "core_backend": getattr(setup.static.core, "backend", None)})  # FARM's, as resolved
     train_in_chunks(run, args, state, seeds, Training(
         make_chunk=partial(make_train_chunk, setup, args), evaluate=make_evaluate(setup, args), eval_tasks=EVAL_TASKS,
         num_train_tasks=len(TRAIN_TASKS), gpi_settings=GPI_SETTINGS, loss_names=LOSS_NAMES,

@@ -702,7 +702,7 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS, gpi_settings=GPI_S
     """evaluate(params, key) -> returns [gpi_settings, tasks, episodes] of one seed's params: every (task, episode)
     is one env of a Fruitbot, played greedily until each env has finished one lifetime. The JAX game: one jitted
     loop on the evaluation levels (make_jax_evaluate); procgen: unrestricted levels, the network acting for all envs
-    at once (jitted), the envs stepping on the host. gpi_settings picks the settings played (results/evaluate.py
+    at once (jitted), the envs stepping on the host. gpi_settings picks the settings played (tools/evaluate.py
     --gpi on|off plays one); each keeps its own keys and levels, so its returns are those of playing both."""
     policies = jnp.asarray(TRAIN_TASKS if args.gpi_support == "train" else TEST_TASKS)
     tasks = np.asarray(tasks, np.float32)
@@ -792,7 +792,8 @@ def main(args: Args) -> None:
         if args.env_backend == "procgen":  # the host envs start new episodes (they are not in the checkpoint)
             state = state._replace(actors=actors)
     run.write_config({"method": method_name(args), "num_params": num_params,
-                      "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
+                      "sgd_steps_per_iteration": sgd_steps_per_iteration(args),
+                      "core_backend": getattr(setup.static.core, "backend", None)})  # FARM's, as resolved
     train_in_chunks(run, args, state, seeds, Training(
         make_chunk=partial(make_train_chunk, setup, args), evaluate=make_evaluate(setup, args), eval_tasks=EVAL_TASKS,
         num_train_tasks=len(TRAIN_TASKS), gpi_settings=GPI_SETTINGS, loss_names=LOSS_NAMES,

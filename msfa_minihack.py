@@ -681,7 +681,7 @@ def make_evaluate(setup: Setup, args: Args, tasks=EVAL_TASKS, gpi_settings=GPI_S
     """evaluate(params, key) -> returns [gpi_settings, tasks, episodes] of one seed's params: every (task, episode)
     is one env on fresh levels, played greedily until each env has finished one episode (a return of 1 is a
     success); the network acts for all envs at once (jitted), the envs step on the host. gpi_settings picks the
-    settings played (results/evaluate.py --gpi on|off plays one); each keeps its own levels, so its returns are
+    settings played (tools/evaluate.py --gpi on|off plays one); each keeps its own levels, so its returns are
     those of playing both."""
     policies = jnp.asarray(TRAIN_TASKS if args.gpi_support == "train" else TEST_TASKS)
     tasks = np.asarray(tasks, np.float32)
@@ -737,7 +737,8 @@ def main(args: Args) -> None:
         state, _ = run.restore(state)
         state = state._replace(actors=actors)  # the host envs start new episodes (they are not in the checkpoint)
     run.write_config({"method": method_name(args), "num_params": num_params,
-                      "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
+                      "sgd_steps_per_iteration": sgd_steps_per_iteration(args),
+                      "core_backend": getattr(setup.static.core, "backend", None)})  # FARM's, as resolved
     train_in_chunks(run, args, state, seeds, Training(
         make_chunk=partial(make_train_chunk, setup, args), evaluate=make_evaluate(setup, args), eval_tasks=EVAL_TASKS,
         num_train_tasks=len(TRAIN_TASKS), gpi_settings=GPI_SETTINGS, loss_names=LOSS_NAMES,

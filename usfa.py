@@ -880,10 +880,10 @@ def eval_tasks(args: Args) -> np.ndarray:
 
 def make_evaluate(setup: Setup, args: Args, tasks=None, gpi_settings=GPI_SETTINGS):
     """evaluate(params, key) -> returns [gpi_settings, tasks, episodes] of one seed's params, on the train and test
-    tasks (or any task vectors: results/evaluate.py); on BabyAI an Evaluation, which with learned cumulants holds
+    tasks (or any task vectors: tools/evaluate.py); on BabyAI an Evaluation, which with learned cumulants holds
     their response on the episodes acting on w too (eval.csv reads it on the train tasks: common/run/cumulants.py). BabyAI and Fruitbot's JAX game: one jitted program; host envs
     (MiniHack, Fruitbot on procgen): greedy episodes on unrestricted levels, the network acting for all (task,
-    episode) envs at once, the envs on the host. gpi_settings picks the settings played (results/evaluate.py --gpi
+    episode) envs at once, the envs on the host. gpi_settings picks the settings played (tools/evaluate.py --gpi
     on|off plays one); each keeps its own keys and levels, so its returns are those of playing both."""
     tasks = eval_tasks(args) if tasks is None else tasks
     if on_host(args):
@@ -1034,7 +1034,8 @@ def main(args: Args) -> None:
     if args.env == "babyai":
         state = shard_seeds(state, args.num_seeds)  # seeds in parallel over the local devices, if there are several
     run.write_config({"method": method_name(args), "num_params": num_params,
-                      "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
+                      "sgd_steps_per_iteration": sgd_steps_per_iteration(args),
+                      "core_backend": getattr(setup.static.core, "backend", None)})  # FARM's, as resolved
     train_tasks = env_module(args).TRAIN_TASKS
     train_in_chunks(run, args, state, seeds, Training(
         make_chunk=partial(make_train_chunk, setup, args), evaluate=make_evaluate(setup, args),

@@ -804,7 +804,7 @@ def eval_tasks(args: Args) -> np.ndarray:
 
 def make_evaluate(setup: Setup, args: Args, tasks=None, gpi_settings=GPI_SETTINGS):
     """evaluate(params, key) -> returns [GPI settings, tasks, episodes] of one seed's params, on the train and test
-    tasks (or any task vectors: results/evaluate.py). BabyAI and Fruitbot's JAX game: one jitted program; host envs
+    tasks (or any task vectors: tools/evaluate.py). BabyAI and Fruitbot's JAX game: one jitted program; host envs
     (MiniHack, Fruitbot on procgen): greedy episodes on unrestricted levels, the network acting for all (task,
     episode) envs at once, the envs on the host. A UVFA has no GPI: gpi_settings (every script's parameter) can only
     be GPI_SETTINGS."""
@@ -927,7 +927,8 @@ def main(args: Args) -> None:
     if args.env == "babyai":
         state = shard_seeds(state, args.num_seeds)  # seeds in parallel over the local devices, if there are several
     run.write_config({"method": method_name(args), "num_params": num_params,
-                      "sgd_steps_per_iteration": sgd_steps_per_iteration(args)})
+                      "sgd_steps_per_iteration": sgd_steps_per_iteration(args),
+                      "core_backend": getattr(setup.static.core, "backend", None)})  # FARM's, as resolved
     train_in_chunks(run, args, state, seeds, Training(
         make_chunk=partial(make_train_chunk, setup, args), evaluate=make_evaluate(setup, args),
         eval_tasks=eval_tasks(args), num_train_tasks=len(env_module(args).TRAIN_TASKS), gpi_settings=GPI_SETTINGS,

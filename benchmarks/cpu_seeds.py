@@ -6,7 +6,7 @@ one; the arrangements run in turn, --rounds times, and each figure is the median
 - one process on every core, one seed (XLA spreads each op over the cores);
 - one process on every core, one vmapped seed per core;
 - one process per core, each pinned to its core with XLA single-threaded, one seed each, all at once.
-results.protocol runs seeds the way this measures fastest on a CPU (docs/scale.md).
+tools.protocol runs seeds the way this measures fastest on a CPU (docs/scale.md).
 
     python -m benchmarks.cpu_seeds [--script msfa_babyai] [--flags="--module-size 32"] [--repeats 5] [--rounds 2]
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import tyro
 
-from results.protocol import SINGLE_THREADED  # how the protocol runs a seed pinned to one core
+from tools.protocol import SINGLE_THREADED  # how the protocol runs a seed pinned to one core
 
 ROOT = Path(__file__).resolve().parent.parent
 

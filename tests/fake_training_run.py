@@ -1,4 +1,4 @@
-"""A stand-in for a training script, for testing results/protocol.py's scheduling without JAX (test_scale.py).
+"""A stand-in for a training script, for testing tools/protocol/'s scheduling without JAX (test_scale.py).
 
 It takes the flags the protocol passes to every script (--seed, --num-seeds, --run-dir, --max-minutes, --resume,
 --overwrite, --env-workers), and writes a run directory's small files as a run would: config.json (with the device

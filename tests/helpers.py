@@ -72,10 +72,10 @@ def random_sequence(script, key, length: int, state, episode_end=None, pickups: 
 
 
 def replayed_evaluation(run_dir, step: int, tmp_path, gpi: str = "both") -> tuple[list[dict], list[dict]]:
-    """(results/evaluate.py's rows for a run's saved agents with the key the run's own evaluation at `step` used,
+    """(tools/evaluate.py's rows for a run's saved agents with the key the run's own evaluation at `step` used,
     the run's eval.csv rows of that step and GPI setting): a saved agent of any script and env must reproduce its
     run's numbers, also when one GPI setting is played alone (--gpi on|off)."""
-    from results import evaluate
+    from tools import evaluate
 
     ran = [r for r in csv.DictReader(open(run_dir / "eval.csv")) if r["step"] == str(step)
            and (gpi == "both" or r["gpi"] == str(int(gpi == "on")))]
@@ -108,8 +108,8 @@ def assert_a_uvfa_training_iteration_traces(args: "uvfa.Args", num_train_tasks: 
 
 
 def evaluation_return(run_dir: Path, w, use_gpi: bool, seed: int = 0) -> float:
-    """The run's own script's evaluation of one episode of task w (as results.evaluate --episodes 1 --seed seed)."""
-    from results.evaluate import load_agent, params_files, play
+    """The run's own script's evaluation of one episode of task w (as tools.evaluate --episodes 1 --seed seed)."""
+    from tools.evaluate import load_agent, params_files, play
 
     script, args, params, header = load_agent(params_files(run_dir)[0])
     args = dataclasses.replace(args, eval_episodes=1)
@@ -119,9 +119,9 @@ def evaluation_return(run_dir: Path, w, use_gpi: bool, seed: int = 0) -> float:
 
 
 def check_video_is_the_evaluations(run_dir: Path, task: str, gpi: str, seed: int = 0, max_steps: int = 400):
-    """results.video's episode of a saved agent is its script's evaluation's: the same return, shown in the overlay;
+    """tools.video's episode of a saved agent is its script's evaluation's: the same return, shown in the overlay;
     the per-module values add up to the chosen action's value."""
-    from results import video
+    from tools import video
 
     trace, header, env, w, _ = video.record_episode(run_dir, task, gpi, seed, max_steps=max_steps)
     assert trace.complete

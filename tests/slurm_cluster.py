@@ -1,4 +1,4 @@
-"""A single-node SLURM cluster on this machine, for the tests of `results.protocol --slurm`: MUNGE, slurmctld and
+"""A single-node SLURM cluster on this machine, for the tests of `tools.protocol --slurm`: MUNGE, slurmctld and
 slurmd (Debian's `slurm-wlm` and `munge`, which .ci/run installs), configured by a slurm.conf in a temporary folder
 and stopped by the daemons' own process ids. It needs root (the daemons run as root here, as on a CI machine).
 

@@ -1,4 +1,4 @@
-"""results/analyze.py on tiny trained runs: its episodes are the scripts' own evaluation episodes (GPI and not), its
+"""tools/analyze.py on tiny trained runs: its episodes are the scripts' own evaluation episodes (GPI and not), its
 records are consistent with the env, Table A is computed as stated, and bad input stops with one line."""
 
 import csv
@@ -54,7 +54,7 @@ def test_episodes_are_the_scripts_own_evaluation_episodes(run, use_gpi):
     the very episodes the evaluation scores. It is stored compact (.eqz), so this also checks that form loads."""
     import jax
 
-    from results.analyze import load_agents, rollout
+    from tools.analyze import load_agents, rollout
 
     agent = load_agents(ROOT / "results/babyai/paper_protocol_h200" / run)[0]
     key = jax.random.PRNGKey(3)
@@ -72,7 +72,7 @@ def test_records_of_methods_without_learned_cumulants(runs, variant):
     """USFA with the env's cumulants has no learned phi (but psi contributions); the UVFA family has neither."""
     import jax
 
-    from results.analyze import load_agents, rollout
+    from tools.analyze import load_agents, rollout
 
     agent = load_agents(runs[variant])[1]
     check_records(agent, rollout(agent, TASKS, 2, variant == "usfa", jax.random.PRNGKey(3)), TASKS)
@@ -81,7 +81,7 @@ def test_records_of_methods_without_learned_cumulants(runs, variant):
 def test_table_a_errors_by_hand():
     """Two transitions of one episode, task [1, 1]: phi . w = 0.9 and 0.2 against rewards 1 and 0 (the third step's
     reward has no learned cumulant): abs. errors .1, .2, squared .01, .04."""
-    from results.analyze import prediction_errors
+    from tools.analyze import prediction_errors
 
     trace = {"phi": np.array([[[[0.5, 0.4], [0.1, 0.1]]]]), "reward": np.array([[[1.0, 0.0, 7.0]]])}
     absolute, squared = prediction_errors(trace, np.array([[1.0, 1.0]]))
@@ -92,7 +92,7 @@ def test_table_a_errors_by_hand():
 def test_tables_of_runs_without_learned_cumulants_say_why_they_are_empty():
     """UVFA-FARM alone (as the protocol analyses it): Table A and cumulant quality are one line each saying why,
     not a header over no rows."""
-    from results.analyze import quality_table, table_a
+    from tools.analyze import quality_table, table_a
 
     runs = {"UVFA-FARM": [{"seed": 1, "pickups": np.zeros((len(TASKS), 4))}]}
     for lines in (table_a(runs, ["1,1,1,1"]), quality_table(runs)):
@@ -100,7 +100,7 @@ def test_tables_of_runs_without_learned_cumulants_say_why_they_are_empty():
 
 
 def test_analysis_writes_table_a_heatmaps_and_module_activity(runs, tmp_path, capsys):
-    from results import analyze
+    from tools import analyze
 
     out = tmp_path / "analysis"
     analyze.main(analyze.Args(run_dirs=(str(runs["msfa"]), str(runs["usfa"]), str(runs["uvfa"])), out=str(out),
@@ -129,12 +129,12 @@ def test_analysis_writes_table_a_heatmaps_and_module_activity(runs, tmp_path, ca
 
 def test_seeds_played_apart_and_reported_from_their_records_give_the_analysis_of_playing_them_together(runs,
                                                                                                         tmp_path):
-    """results.protocol plays each seed as it completes and reports the method from the seeds' records.json: the
+    """tools.protocol plays each seed as it completes and reports the method from the seeds' records.json: the
     same analysis.md and per_seed.csv as one call on the run of both seeds; a seed given twice stops with one line."""
     import shutil
 
     from common.run import ConfigError
-    from results import analyze
+    from tools import analyze
 
     together = tmp_path / "together"
     analyze.main(analyze.Args(run_dirs=(str(runs["msfa"]),), out=str(together), episodes=2))
@@ -162,7 +162,7 @@ def test_seeds_played_apart_and_reported_from_their_records_give_the_analysis_of
     (dict(episodes=0), "--episodes must be positive"),
 ], ids=["missing run", "short task", "gpi", "episodes"])
 def test_bad_input_stops_with_one_line(runs, overrides, message, capsys):
-    from results import analyze
+    from tools import analyze
 
     args = dict(run_dirs=(str(runs["msfa"]),), episodes=1) | overrides
     with pytest.raises(SystemExit) as exit_info:

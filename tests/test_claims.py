@@ -1,4 +1,4 @@
-"""results.claims on a hand-made protocol folder: the per-seed measures, the intervals and the verdicts."""
+"""tools.claims on a hand-made protocol folder: the per-seed measures, the intervals and the verdicts."""
 
 import csv
 import json
@@ -8,7 +8,7 @@ import pytest
 
 from common.envs.babyai import TEST_TASKS, TRAIN_TASKS
 from common.run import format_task, pack_table
-from results import analyze, claims
+from tools import analyze, claims
 
 EVAL_FIELDS = ["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"]
 
@@ -127,8 +127,8 @@ def test_the_value_baselines_comparisons(protocol):
 
 
 def test_the_claims_of_an_exported_protocol_are_those_of_the_protocol(protocol):
-    """results.export packs each run's eval.csv (eval.csv.xz, common.run.pack_table): results.claims, like every
-    results tool, reads the packed table as it is and says the same."""
+    """tools.export packs each run's eval.csv (eval.csv.xz, common.run.pack_table): tools.claims, like every
+    tool, reads the packed table as it is and says the same."""
     claims.main(claims.Args(out_dir=str(protocol)))
     plain = (protocol / "claims.md").read_text()
     for run in protocol.iterdir():

@@ -1,19 +1,19 @@
-"""Copy a script, change it, train it, and use every results tool on it: the CleanRL promise.
+"""Copy a script, change it, train it, and use every tool on it: the CleanRL promise.
 
 A copy of msfa_babyai.py outside the repository gets another loss term (the phi regression weighted by 0.25 inside
 the loss, not through a flag), a new logged metric (the mean |Q| of the batch), and another layer (a LayerNorm on each
-module's state before the psi MLP). It trains tiny; then results.evaluate (which must reproduce the run's own
-evaluation), results.analyze, results.plot, results.summarize and results.compare run on its directory, rebuilding
+module's state before the psi MLP). It trains tiny; then tools.evaluate (which must reproduce the run's own
+evaluation), tools.analyze, tools.plot, tools.summarize and tools.compare_runs run on its directory, rebuilding
 the agent with the copy named in config.json and the parameter files' headers, and label its runs by its exp_name.
 A moved copy, or one without a name the tools use (docs/contract.md), gives one line.
 
 A second copy edits one part of FARM: common/farm.py copied next to it with another inter-module attention (each
 module reads the mean of the modules' values through the same gate), imported instead of common/farm.py. It trains
-tiny with the plain backend (the fast ones compute the repository's FARM), and results.evaluate reproduces it.
+tiny with the plain backend (the fast ones compute the repository's FARM), and tools.evaluate reproduces it.
 
 A third copy replaces the core itself: tests/fixtures/mean_share_core.py (per-module LSTMs sharing their mean state
 through a gate; no FARM at all) in place of FarmCore, through the core's interface alone (docs/contract.md). It
-trains tiny, and results.evaluate, summarize, analyze and video work on its run."""
+trains tiny, and tools.evaluate, summarize, analyze and video work on its run."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_the_copy_names_itself_and_logs_its_metric(copied_run):
 
 
 def test_every_results_tool_rebuilds_the_copys_agent(copied_run, tmp_path, capsys):
-    from results import analyze, compare, plot, summarize, video
+    from tools import analyze, compare_runs, plot, summarize, video
 
     from helpers import check_video_is_the_evaluations, replayed_evaluation
 
@@ -91,7 +91,7 @@ def test_every_results_tool_rebuilds_the_copys_agent(copied_run, tmp_path, capsy
     plot.main(plot.Args(run_dirs=(str(run),), out=str(tmp_path / "figures"), reference_episodes=0))
     assert (tmp_path / "figures" / "learning_curves.png").exists()
     summarize.main(summarize.Args(run_dir=str(run)))
-    compare.main(compare.Args(run_dirs=(str(run),)))
+    compare_runs.main(compare_runs.Args(run_dirs=(str(run),)))
     out = capsys.readouterr().out
     assert "my_msfa: greedy return" in out and "| my_msfa |" in out and "| MSFA |" not in out  # labelled as the copy
     check_video_is_the_evaluations(run, "-1,1,0,1", "on")  # the copy's episode, as its own evaluation plays it
@@ -100,7 +100,7 @@ def test_every_results_tool_rebuilds_the_copys_agent(copied_run, tmp_path, capsy
 
 
 def test_a_moved_copy_gives_one_line(copied_run, tmp_path, capsys):
-    from results import evaluate
+    from tools import evaluate
 
     script, run = copied_run
     moved = script.with_name("moved.py")
@@ -116,9 +116,9 @@ def test_a_moved_copy_gives_one_line(copied_run, tmp_path, capsys):
 
 
 def test_a_copy_without_a_name_the_tools_use_is_refused_with_one_line_naming_it(copied_run, tmp_path, capsys):
-    """The copy with make_evaluate renamed (everywhere in it, so that it still trains): results.evaluate,
-    results.analyze and results.video each stop with one line naming what is missing and where it is described."""
-    from results import analyze, evaluate, video
+    """The copy with make_evaluate renamed (everywhere in it, so that it still trains): tools.evaluate,
+    tools.analyze and tools.video each stop with one line naming what is missing and where it is described."""
+    from tools import analyze, evaluate, video
 
     script, run = copied_run
     broken = tmp_path / "my_msfa_renamed.py"
@@ -201,8 +201,10 @@ CORE_EDITS = [
     ("from common.farm import FarmCore\n", "from common.farm import FarmCore\nfrom mean_share_core import MeanShareCore\n"),
     ("    core: FarmCore  # the module states s^k = h^k", "    core: MeanShareCore  # the module states s^k = h^k"),
     ("""        self.core = FarmCore(NUM_ACTIONS, n, d, args.attention_heads, args.projection_dim, k_core,
-                             backend=args.core_backend, torso_channels=args.torso_channels)""",
-     "        self.core = MeanShareCore(NUM_ACTIONS, n, d, k_core, torso_channels=args.torso_channels)"),
+                             backend=args.core_backend, torso_channels=args.torso_channels,
+                             reward_input=args.reward_input == "on")""",
+     """        self.core = MeanShareCore(NUM_ACTIONS, n, d, k_core, torso_channels=args.torso_channels,
+                                  reward_input=args.reward_input == "on")"""),
     ("    FarmCore.backend_to_run(args.core_backend)  # one of BACKENDS, and a fast one only for common/farm.py's FARM\n",
      ""),
 ]
@@ -230,13 +232,13 @@ def test_a_copy_whose_core_is_not_farm_trains_and_works_with_the_tools(copied_co
     from common.farm import FarmCore
     from common.run.scripts import load_script
     from helpers import replayed_evaluation
-    from results import analyze, summarize, video
+    from tools import analyze, summarize, video
 
     script_path, run = copied_core_run
     copy = load_script(str(script_path))
     net = copy.make_network(copy.Args(num_modules=2, module_size=16), jax.random.PRNGKey(0))
     assert type(net.core).__name__ == "MeanShareCore" and not isinstance(net.core, FarmCore)
-    again, ran = replayed_evaluation(run, 128, tmp_path)  # results.evaluate replays the run's own evaluation
+    again, ran = replayed_evaluation(run, 128, tmp_path)  # tools.evaluate replays the run's own evaluation
     assert again == ran and len(ran) > 0
     summarize.main(summarize.Args(run_dir=str(run), episodes=0))
     analyze.main(analyze.Args(run_dirs=(str(run),), out=str(tmp_path / "analysis"), episodes=2))

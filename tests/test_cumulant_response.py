@@ -1,4 +1,4 @@
-"""The cumulant response (common/run/cumulants.py, results.analyze): hand-worked sums, and two hand-built agents
+"""The cumulant response (common/run/cumulants.py, tools.analyze): hand-worked sums, and two hand-built agents
 played on the same fixed episodes: one whose phi is a pure reward detector (c = 1), one whose phi is a category
 detector (c = 0), which the previous-reward counterfactual tells apart."""
 
@@ -12,7 +12,8 @@ import pytest
 
 from common.envs.babyai import FORWARD, LEFT, PICKUP, RIGHT, TRAIN_TASKS, GotoAvoid
 from common.run import RESPONSE, cumulant_response, pooled_response, response_columns, response_means, response_sums
-from results import analyze
+from tools import analyze
+from tools.run_reader import record_response
 
 
 def test_the_response_matrix_sums_phi_at_each_categorys_pickups():
@@ -124,7 +125,7 @@ def test_a_reward_detector_and_a_category_detector_on_the_same_episodes(reward_d
     agent = hand_built_agent(reward_detector)
     trace = analyze.rollout(agent, TRAIN_TASKS, 16, False, jax.random.PRNGKey(3), response=True)
     record = {"response": analyze.response_record(trace, TRAIN_TASKS)}
-    played, counterfactual = analyze.seed_response(record), analyze.seed_response(record, counterfactual=True)
+    played, counterfactual = record_response(record), record_response(record, counterfactual=True)
     _, pickups = analyze.pooled_seed_response([record])
     assert pickups["own_rewarded"] >= 20 and pickups["own_unrewarded"] >= 20, pickups  # both kinds were seen
     # the agent's own check of its view: the category detector fires at every pickup of its category, exactly

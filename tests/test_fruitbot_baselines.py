@@ -119,7 +119,7 @@ def assert_lifetimes_ended(run, num_envs: int):
 def test_tiny_run_end_to_end(learned, backend, tmp_path, capsys):
     """USFA with the env's cumulants on the JAX paper game (the default: info["phi"], inside the jitted chunk), and
     with learned cumulants through procgen (io_callback): training, evaluation on every task with and without GPI;
-    results/evaluate.py replays the JAX run's evaluation from its saved agent, and the procgen run resumes (the rest
+    tools/evaluate.py replays the JAX run's evaluation from its saved agent, and the procgen run resumes (the rest
     of the code is shared: each tiny Fruitbot run compiles the Impala torso, and each JAX evaluation traces the
     game's renderer, so each check runs once)."""
     run = tmp_path / "run"
@@ -134,7 +134,7 @@ def test_tiny_run_end_to_end(learned, backend, tmp_path, capsys):
     assert " parameters; replay " in capsys.readouterr().out
     if backend == "jax":
         assert_lifetimes_ended(run, TINY["num_envs"])
-        again, ran = replayed_evaluation(run, steps, tmp_path)  # results/evaluate.py on the saved agent
+        again, ran = replayed_evaluation(run, steps, tmp_path)  # tools/evaluate.py on the saved agent
         assert again == ran and len(ran) == 2 * (len(TRAIN_TASKS) + len(TEST_TASKS))
         return
     usfa.main(usfa.Args(**tiny | dict(total_timesteps=steps + 32, log_every=32, eval_every=steps, run_dir=str(run),

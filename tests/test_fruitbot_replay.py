@@ -143,7 +143,7 @@ def test_a_run_keeping_game_states_learns_exactly_as_one_keeping_frames(msfa_run
 
 
 def test_replay_bytes_is_what_the_buffer_holds(runs):
-    """The script's replay_bytes (printed at start, used by results.protocol to fit seeds) against the replay's
+    """The script's replay_bytes (printed at start, used by tools.protocol to fit seeds) against the replay's
     arrays, for both kinds."""
     script, out, _ = runs
     for kind in out:

@@ -367,7 +367,7 @@ def test_tiny_run_of_every_script_and_variant(variant, tmp_path, capsys):
     assert len(evals) == (2 if has_gpi else 1) * 12
     assert {r["task"] for r in evals if r["split"] == "test"} >= {"-1,1,-1,0.5", "1,1,0.5,0.5"}
 
-    from results import summarize
+    from tools import summarize
 
     summarize.main(summarize.Args(run_dir=str(run_dir), episodes=0))
     rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith(("| train", "| test"))]

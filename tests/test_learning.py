@@ -1,5 +1,5 @@
-"""MSFA learns: one seed at the miniature BabyAI's settings (results.protocol's --scale mini) for 384k env steps,
-then each path that learns is checked on greedy episodes of the train tasks, the way results.analyze plays them.
+"""MSFA learns: one seed at the miniature BabyAI's settings (tools.protocol's --scale mini) for 384k env steps,
+then each path that learns is checked on greedy episodes of the train tasks, the way tools.analyze plays them.
 
 - The Q loss: the greedy train-task return beats random play's in the same room.
 - The phi loss (phi . w regressed on the reward): the reward-prediction error |phi . w - r| is small.
@@ -22,9 +22,9 @@ import pytest
 import msfa_babyai as msfa
 from common.envs.babyai import TRAIN_TASKS, random_policy_returns
 from common.run import parse_args
-from results import analyze
-from results.protocol import SCALES
-from results.summarize import babyai_room
+from tools import analyze
+from tools.protocol import SCALES
+from tools.summarize import babyai_room
 
 BUDGET = 384_000
 EPISODES = 20

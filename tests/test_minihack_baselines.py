@@ -97,7 +97,7 @@ def test_usfa_tiny_run_end_to_end(tmp_path, capsys):
     assert int(metrics[-1]["sgd_steps"]) > 0 and not any(k.startswith("phi_corr") for k in metrics[0])
     assert " parameters; replay " in capsys.readouterr().out
     (run / "config.json").unlink()  # the parameter files alone name the script and env
-    again, ran = replayed_evaluation(run, 64, tmp_path)  # results/evaluate.py picks usfa.py --env minihack
+    again, ran = replayed_evaluation(run, 64, tmp_path)  # tools/evaluate.py picks usfa.py --env minihack
     assert again == ran and {r["task"] for r in again} == ALL_TASKS
 
 

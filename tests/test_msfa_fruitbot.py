@@ -153,7 +153,7 @@ def test_tiny_run_end_to_end(backend, tmp_path, capsys):
                                               num_seeds=2, run_dir=str(run), resume=True)))
         assert "resumed" in capsys.readouterr().out
         assert int(list(csv.DictReader(open(run / "metrics.csv")))[-1]["step"]) == last
-    again, ran = replayed_evaluation(run, last, tmp_path)  # results/evaluate.py on the saved agents
+    again, ran = replayed_evaluation(run, last, tmp_path)  # tools/evaluate.py on the saved agents
     assert again == ran and len(ran) == 2 * 2 * (len(TRAIN_TASKS) + len(TEST_TASKS))
     again, ran = replayed_evaluation(run, last, tmp_path, gpi="on")  # GPI alone: the same rows
     assert again == ran and {r["gpi"] for r in ran} == {"1"}

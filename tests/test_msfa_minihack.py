@@ -140,11 +140,11 @@ def test_tiny_run_end_to_end(tmp_path, capsys):
                                           run_dir=str(run), resume=True)))
     assert "resumed" in capsys.readouterr().out
     assert int(list(csv.DictReader(open(run / "metrics.csv")))[-1]["step"]) == 128
-    again, ran = replayed_evaluation(run, 128, tmp_path)  # results/evaluate.py on the saved agents
+    again, ran = replayed_evaluation(run, 128, tmp_path)  # tools/evaluate.py on the saved agents
     assert again == ran and len(ran) == 2 * 2 * (len(TRAIN_TASKS) + len(TEST_TASKS))
     again, ran = replayed_evaluation(run, 128, tmp_path, gpi="on")  # GPI alone: the same levels, the same rows
     assert again == ran and {r["gpi"] for r in ran} == {"1"}
-    trace = check_video_is_the_evaluations(run, "0,1,0", "on", seed=2)  # results.video plays the same episode
+    trace = check_video_is_the_evaluations(run, "0,1,0", "on", seed=2)  # tools.video plays the same episode
     assert trace.frames[0][0].shape == (144, 144, 3) and trace.ends[-1] in ("success", "died", "timeout")
 
 

@@ -1,4 +1,4 @@
-"""The results tools on fake runs: the comparison table at the runs' shared step, and the figures."""
+"""The tools on fake runs: the comparison table at the runs' shared step, and the figures."""
 
 import csv
 import json
@@ -36,7 +36,7 @@ def fake_run(tmp_path, name, method, steps, gpi_settings, value, env="babyai"):
 
 
 def test_plot_writes_learning_curves_and_test_task_figures(tmp_path, capsys):
-    from results import plot
+    from tools import plot
 
     runs = (fake_run(tmp_path, "sf", "MSFA", (10, 20), (0, 1), 1.0),
             fake_run(tmp_path, "sf2", "MSFA (entangled psi)", (10, 20), (0, 1), 3.0),
@@ -56,7 +56,7 @@ def test_the_aggregate_intervals_are_reproducible_and_each_methods_own(tmp_path,
     """aggregate.png's bootstrap: the same figure twice gives the same IQM intervals, and a method's interval does not
     move when another method joins the figure (each method's draws are seeded on their own)."""
     from common.envs.babyai import TEST_TASKS, TRAIN_TASKS
-    from results import plot
+    from tools import plot
 
     runs = [fake_run(tmp_path, name, method, (10,), (0, 1), 0.0)
             for name, method in (("a", "MSFA"), ("b", "USFA (learned cumulants)"))]
@@ -81,7 +81,7 @@ def test_the_aggregate_intervals_are_reproducible_and_each_methods_own(tmp_path,
 
 def test_plot_spread_over_seeds_hand_worked(tmp_path):
     """The bands and error bars: one standard error, or the 95% Student's t interval of the mean over seeds."""
-    from results import plot
+    from tools import plot
 
     # seeds 1, 2, 3: mean 2, sample std 1, s.e. 1/sqrt(3) = 0.57735; t(0.975, 2 d.o.f.) = 4.30265
     assert plot.mean_spread(np.array([1.0, 2.0, 3.0]), "se") == pytest.approx((2.0, 0.57735), abs=1e-5)
@@ -98,7 +98,7 @@ def test_plot_spread_over_seeds_hand_worked(tmp_path):
 
 
 def test_plot_draws_95_percent_intervals_with_a_no_gpi_panel(tmp_path, monkeypatch):
-    from results import plot
+    from tools import plot
 
     runs = (fake_run(tmp_path, "sf", "MSFA", (10, 20), (0, 1), 1.0),
             fake_run(tmp_path, "q", "Q method", (10, 20), (0,), 5.0))
@@ -120,7 +120,7 @@ def test_plot_draws_95_percent_intervals_with_a_no_gpi_panel(tmp_path, monkeypat
 
 
 def test_plot_leaves_out_the_modularity_figure_without_msfa_variants(tmp_path):
-    from results import plot
+    from tools import plot
 
     runs = (fake_run(tmp_path, "sf", "MSFA", (10,), (0, 1), 1.0), fake_run(tmp_path, "q", "Q method", (10,), (0,), 5.0))
     plot.main(plot.Args(run_dirs=runs, out=str(tmp_path / "figures"), reference_episodes=0))
@@ -129,7 +129,7 @@ def test_plot_leaves_out_the_modularity_figure_without_msfa_variants(tmp_path):
 
 
 def test_plot_refuses_a_directory_without_evaluations(tmp_path, capsys):
-    from results import plot
+    from tools import plot
 
     with pytest.raises(SystemExit) as exit_info:
         plot.main(plot.Args(run_dirs=(str(tmp_path),), out=str(tmp_path / "figures"), reference_episodes=0))
@@ -138,23 +138,23 @@ def test_plot_refuses_a_directory_without_evaluations(tmp_path, capsys):
 
 
 def test_comparison_table_reads_runs_at_their_shared_step(tmp_path, capsys):
-    from results import compare
+    from tools import compare_runs
 
     sf = fake_run(tmp_path, "sf", "SF method", (10, 20), (0, 1), 1.0)
     q = fake_run(tmp_path, "q", "Q method", (10,), (0,), 5.0)
-    compare.main(compare.Args(run_dirs=(sf, q), split="test"))
+    compare_runs.main(compare_runs.Args(run_dirs=(sf, q), split="test"))
     out = capsys.readouterr().out
     assert "step 10 " in out  # the latest step both runs have
     gpi_table, plain_table = out.split("**without GPI")
     assert "| SF method | 3.50 ± 0.50 |" in gpi_table and "Q method" not in gpi_table  # seeds 1, 2: 1 + s + 1
     assert "| Q method | 6.50 ± 0.50 |" in plain_table and "| SF method | 2.50 ± 0.50 |" in plain_table
     with pytest.raises(SystemExit):
-        compare.main(compare.Args(run_dirs=(sf, q), step=20))
+        compare_runs.main(compare_runs.Args(run_dirs=(sf, q), step=20))
     assert "not evaluated in every run" in capsys.readouterr().err
 
 
 def test_the_tools_read_a_fruitbot_runs_tasks_and_refuse_mixed_environments(tmp_path, capsys):
-    from results import compare, plot, summarize
+    from tools import compare_runs, plot, summarize
 
     fruitbot = fake_run(tmp_path, "fb", "MSFA", (10,), (0, 1), 1.0, env="fruitbot")
     summarize.main(summarize.Args(run_dir=fruitbot))
@@ -170,7 +170,7 @@ def test_the_tools_read_a_fruitbot_runs_tasks_and_refuse_mixed_environments(tmp_
     assert "IQM MSFA: 3.500 " in capsys.readouterr().out  # 6 Fruitbot test tasks, no BabyAI references
     babyai = fake_run(tmp_path, "ba", "MSFA", (10,), (0, 1), 1.0)
     with pytest.raises(SystemExit):
-        compare.main(compare.Args(run_dirs=(fruitbot, babyai)))
+        compare_runs.main(compare_runs.Args(run_dirs=(fruitbot, babyai)))
     assert "different environments" in capsys.readouterr().err
 
 
@@ -179,7 +179,7 @@ def test_plot_draws_random_play_for_a_minihack_run_at_its_room_size(tmp_path, mo
     import numpy as np
 
     import common.envs.minihack
-    from results import plot
+    from tools import plot
 
     calls = []
 
@@ -212,7 +212,7 @@ def test_summarize_pools_the_training_actors_returns_over_episodes_hand_worked(t
     """MiniHack run, seed 1, rows after step 100: (2 episodes of task 1,0,0, mean 0.5), (3, 1.0), (0, none).
     Pooled: (2 * 0.5 + 3 * 1.0) / 5 = 0.8; s.e. with rows as clusters: sqrt((4 * 0.3^2 + 9 * 0.2^2) * 2 / 1) / 5
     = 0.24. The row at step 100 is left out; a metrics.csv without episode counts is refused with one line."""
-    from results import summarize
+    from tools import summarize
 
     run = tmp_path / "mh"
     fake_run(tmp_path, "mh", "MSFA", (10,), (0, 1), 1.0, env="minihack")
@@ -234,7 +234,7 @@ def test_plot_pools_the_actors_returns_per_window_hand_worked_and_draws_them_aga
     import numpy as np
 
     import common.envs.minihack
-    from results import plot
+    from tools import plot
 
     run = tmp_path / "mh"
     fake_run(tmp_path, "mh", "MSFA", (10,), (0, 1), 1.0, env="minihack")
@@ -258,11 +258,11 @@ def test_plot_pools_the_actors_returns_per_window_hand_worked_and_draws_them_aga
 
 
 def test_fruitbot_references_are_random_play_in_the_runs_own_game(tmp_path):
-    """results.plot's Fruitbot reference: random play in the game the run trained on (here the paper's), per train
+    """tools.plot's Fruitbot reference: random play in the game the run trained on (here the paper's), per train
     and test task, on the run's training levels for its actors."""
     import json
 
-    from results import plot
+    from tools import plot
 
     run = Path(fake_run(tmp_path, "fb", "MSFA", (10,), (0, 1), 1.0, env="fruitbot"))
     config = json.loads((run / "config.json").read_text())
@@ -275,10 +275,10 @@ def test_fruitbot_references_are_random_play_in_the_runs_own_game(tmp_path):
 
 
 def test_selection_judges_the_train_tasks_at_each_budget(tmp_path, monkeypatch, capsys):
-    """results.selection's criterion by hand: the oracle scores 10; both methods' train returns climb to 9 by step
+    """tools.select_settings's criterion by hand: the oracle scores 10; both methods' train returns climb to 9 by step
     400 and stay; at budget 400 the share is 90% and the change since step 320 (the evaluation nearest 80% of 400)
     is (9 - 8.6) / 9 = +4.4% (met); at budget 200 the share is 60% (not met). Test-task rows are never read."""
-    from results import selection
+    from tools import select_settings
 
     out = tmp_path / "candidate"
     out.mkdir()
@@ -297,15 +297,15 @@ def test_selection_judges_the_train_tasks_at_each_budget(tmp_path, monkeypatch, 
                             # test tasks score 100: were they read, every share would be far above 1
                             writer.writerow([step, seed, split, format_task(w), 0, 2,
                                              value + offset if split == "train" else 100.0, 0])
-    monkeypatch.setattr(selection, "bfs_oracle_returns", lambda tasks, episodes, env: (np.full(len(tasks), 10.0),))
-    rows = {r["method"]: r for r in selection.judge(out, 1, budget=400)}
+    monkeypatch.setattr(select_settings, "bfs_oracle_returns", lambda tasks, episodes, env: (np.full(len(tasks), 10.0),))
+    rows = {r["method"]: r for r in select_settings.judge(out, 1, budget=400)}
     assert rows["msfa"]["share"] == pytest.approx(0.9) and rows["msfa"]["at_80"] == 320
     assert rows["usfa"]["change"] == pytest.approx(0.4 / 9) and rows["usfa"]["spread"] == pytest.approx(2 ** 0.5 / 2)
-    selection.main(selection.Args(out_dirs=(str(out),), oracle_episodes=1, budgets=(200, 400)))
+    select_settings.main(select_settings.Args(out_dirs=(str(out),), oracle_episodes=1, budgets=(200, 400)))
     lines = [line for line in capsys.readouterr().out.splitlines() if "| msfa |" in line]
     assert lines[0].startswith("| replay 30 | msfa |") and "| 200 |" in lines[0] and "60%" in lines[0]
     assert lines[0].endswith("not met |")
     assert "| 400 |" in lines[1] and "90%" in lines[1] and lines[1].endswith("| met |")
     with pytest.raises(SystemExit):
-        selection.main(selection.Args(out_dirs=(str(out),), oracle_episodes=1, budgets=(1000,)))
+        select_settings.main(select_settings.Args(out_dirs=(str(out),), oracle_episodes=1, budgets=(1000,)))
     assert "--budgets 1,000 is beyond" in capsys.readouterr().err

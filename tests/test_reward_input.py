@@ -2,7 +2,7 @@
 trained through (docs/cumulants.md). Perturbing the previous reward changes nothing, exactly, with off, and changes
 the states with on (the paper's agent), for every script and env and for the plain and fused FARM:
 
-- core_step, the one step that acting, evaluation and every results tool (analyze, evaluate, video, compare) play
+- core_step, the one step that acting, evaluation and every tool (analyze, evaluate, video, compare) play
   a saved agent with;
 - the learner's SGD step (the online and the target unrolls, and the losses and priorities built on them);
 - next_states, where a learned cumulant's h_{t+1} is recomputed from the transition's reward (episode ends)."""
@@ -67,7 +67,7 @@ def changes(a, b) -> float:
 
 @pytest.mark.parametrize("case,backend", PARAMS)
 def test_one_step_reads_the_reward_only_with_reward_input_on(case, backend):
-    """core_step: acting, evaluation and the results tools."""
+    """core_step: acting, evaluation and the tools."""
     for reward_input, blind in (("off", True), ("on", False)):
         script, args, env = settings(case, backend, reward_input)
         net = script.make_network(args, jax.random.PRNGKey(1))

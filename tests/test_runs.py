@@ -181,9 +181,9 @@ def test_a_moved_run_resumes_from_its_saved_settings_alone(finished, tmp_path):
     assert read(moved / "eval.csv") == read(finished / "eval.csv")
     config = json.loads((moved / "config.json").read_text())
     assert config["args"]["total_timesteps"] == 128  # extended, and recorded
-    assert config["resumes"][0]["step"] == 64 and config["resumes"][0]["changed"] == {
-        "total_timesteps": [64, 128], "run_dir": [str(first), str(moved)]}
-    assert config["args"]["run_dir"] == str(moved)
+    assert config["resumes"][0]["step"] == 64 and config["resumes"][0]["changed"] == {"total_timesteps": [64, 128]}
+    assert config["args"]["run_dir"] == "."  # (its own folder, wherever that is: the location is not a setting)
+    assert str(tmp_path) not in (moved / "config.json").read_text()  # no folder of this machine is written
 
 
 def test_resuming_a_finished_run_says_so_and_changes_nothing(finished, capsys):
@@ -317,9 +317,9 @@ def test_a_nan_stops_the_run_and_keeps_the_last_good_checkpoint_written_by_time(
     assert [r["step"] for r in read(run_dir / "metrics.csv")] == ["64", "128"]
 
 
-# ------------------------------------------------------------------------ saved agents (results/evaluate.py)
+# ------------------------------------------------------------------------ saved agents (tools/evaluate.py)
 def test_a_saved_agent_evaluates_on_any_task_and_reproduces_its_runs_evaluation(finished, capsys, tmp_path):
-    from results import evaluate
+    from tools import evaluate
 
     assert sorted(p.name for p in finished.glob("params_seed*.eqx")) == ["params_seed1.eqx"]
     assert (finished / "params_seed1.eqx").stat().st_size < 16 * 2**20
@@ -338,7 +338,7 @@ def test_a_saved_agent_evaluates_on_any_task_and_reproduces_its_runs_evaluation(
 def test_one_gpi_setting_alone_gives_that_settings_rows_of_both(tmp_path):
     """--gpi on|off plays one setting (half the cost) with that setting's own keys: the same rows as --gpi both.
     On the committed H200 MSFA agent, whose returns differ from episode to episode (a tiny run's are all 0)."""
-    from results import evaluate
+    from tools import evaluate
 
     agent = ROOT / "results/babyai/paper_protocol_h200/msfa"
     rows = {}
@@ -351,12 +351,12 @@ def test_one_gpi_setting_alone_gives_that_settings_rows_of_both(tmp_path):
 
 
 def test_evaluate_plays_only_the_gpi_settings_asked_for():
-    """results.evaluate hands the settings to make_evaluate (every script takes gpi_settings: docs/contract.md); a
+    """tools.evaluate hands the settings to make_evaluate (every script takes gpi_settings: docs/contract.md); a
     UVFA, which has no GPI, refuses any but its one setting."""
     from types import SimpleNamespace
 
     import uvfa
-    from results.evaluate import play
+    from tools.evaluate import play
 
     asked = []
     returns = np.stack([np.full((2, 3), 10.0), np.full((2, 3), 11.0)])  # [GPI setting, task, episode]
@@ -381,7 +381,7 @@ def test_evaluate_plays_only_the_gpi_settings_asked_for():
     (dict(run_dir="/nonexistent"), "no params_seed<N>.eqx"),
 ])
 def test_evaluate_bad_input_gets_one_line(overrides, message, finished, capsys):
-    from results import evaluate
+    from tools import evaluate
 
     line = one_line_exit(capsys, lambda: evaluate.main(evaluate.Args(**({"run_dir": str(finished)} | overrides))))
     assert message in line, line
@@ -414,7 +414,7 @@ def test_the_run_records_its_env_where_the_tools_read_it(finished):
     """config.json and every parameter file's header say the env (the tools no longer guess it from the argument
     names, which they still do for runs saved before it was recorded)."""
     from common.run.checkpoint import read_checkpoint_header
-    from results.summarize import recorded_env, run_env
+    from tools.summarize import recorded_env, run_env
 
     assert json.loads((finished / "config.json").read_text())["env"] == "babyai" == run_env(finished)
     assert read_checkpoint_header(finished / "params_seed1.eqx")["env"] == "babyai"
@@ -505,7 +505,7 @@ def test_a_run_trains_the_steps_asked_and_evaluates_where_asked(tmp_path, capsys
 def test_a_config_written_with_the_retired_speed_settings_still_loads_without_them(tmp_path):
     """Runs saved before --core-backend recorded --learner-unroll, --joint-target-unroll and --lstm-grad-after-loop
     (results/fruitbot/paper_cpu_msfa/ among the committed ones): they changed the speed, not the function, so
-    `--resume` and the results tools take such a config with them dropped; any other unknown setting is refused."""
+    `--resume` and the tools take such a config with them dropped; any other unknown setting is refused."""
     from common.run import ConfigError
     from common.run.settings import _as_args
 

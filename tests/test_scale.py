@@ -1,5 +1,5 @@
 """Paper scale: seeds spread over several devices give the single-device results; the protocol runner
-(results/protocol.py) trains real methods here at tiny settings, is interrupted and resumes; its scheduling (the
+(tools/protocol/) trains real methods here at tiny settings, is interrupted and resumes; its scheduling (the
 paper's order, one method per device, skipping complete methods, --max-minutes, Ctrl-C) is checked with stand-in runs
 whose timeline does not depend on this machine's speed."""
 
@@ -20,7 +20,7 @@ import pytest
 
 import msfa_babyai as msfa
 from common.run import ConfigError, parse_args
-from results import protocol
+from tools import protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--num-envs", "4", "--sequence-period", "8", "--sequence-length", "9", "--replay-size", "64",
@@ -61,7 +61,7 @@ FAKE = "tests/fake_training_run.py"  # writes a run's files step by step and sle
 def fake_methods(monkeypatch, **methods):
     monkeypatch.setitem(protocol.METHODS, "babyai", {name: f"{FAKE} {flags}" for name, flags in methods.items()})
     monkeypatch.setattr(protocol, "device_name", lambda: "fake device")
-    monkeypatch.setattr(protocol, "ANALYSES", ())  # results.analyze is tested on real runs (below)
+    monkeypatch.setattr(protocol, "ANALYSES", ())  # tools.analyze is tested on real runs (below)
 
 
 def read_summary(out: Path) -> dict:
@@ -123,7 +123,7 @@ def test_a_stopped_protocol_keeps_what_the_analyses_said_and_names_the_seeds_lef
     fake_methods(monkeypatch, a="--total-timesteps 2 --seconds-per-step 0.05", b="--total-timesteps 2")
     monkeypatch.setattr(protocol, "ANALYSES", ("babyai",))
 
-    def played_then_ctrl_c(command, **kwargs):  # stands in for `python -m results.analyze ... --out DIR`
+    def played_then_ctrl_c(command, **kwargs):  # stands in for `python -m tools.analyze ... --out DIR`
         out_dir = Path(command[command.index("--out") + 1])
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "records.json").write_text("[]")
@@ -195,7 +195,7 @@ def test_a_protocol_that_dies_before_its_end_keeps_the_records_of_the_runs_it_fi
 
 
 def test_the_runs_share_one_cache_of_compiled_programs_unless_one_is_named(tmp_path, monkeypatch):
-    from results.jobs import Run, run_environment
+    from tools.protocol.runners import Run, run_environment
 
     run = Run("msfa/seed2", ["python", "msfa_babyai.py"], tmp_path / "msfa" / "seed2", tmp_path / "msfa.seed2.log")
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
@@ -208,10 +208,10 @@ def test_the_runs_share_one_cache_of_compiled_programs_unless_one_is_named(tmp_p
 
 @pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="this kernel does not group sessions")
 def test_a_niced_protocols_runs_are_as_nice_against_the_machines_other_sessions(tmp_path):
-    """`nice -n 7 python -m results.protocol ...`: each run is a session of its own, which a kernel that schedules
+    """`nice -n 7 python -m tools.protocol ...`: each run is a session of its own, which a kernel that schedules
     sessions as groups (autogroup) would give an equal share of the cores; the protocol gives its runs' sessions its
     niceness. (A session's niceness can only be raised without privileges, so this runs in a niced subprocess.)"""
-    code = ("from pathlib import Path; from results.jobs import LocalProcess, Run; "
+    code = ("from pathlib import Path; from tools.protocol.runners import LocalProcess, Run; "
             f"run = Run('r', [], Path({str(tmp_path)!r}), Path({str(tmp_path / 'r.log')!r})); "
             "p = LocalProcess(run, ['sleep', '60'], None, False); "
             "print(Path(f'/proc/{p.process.pid}/autogroup').read_text().split()[-1]); p.process.kill()")
@@ -227,7 +227,7 @@ def test_on_a_cpu_each_seed_trains_in_its_own_pinned_process_and_the_seeds_are_m
     """The CPU's default (seeds_apart): every (method, seed) is a single-seed run in OUT_DIR/<method>/seed<k>/,
     pinned to one of the cores with XLA single-threaded, as many at once as cores; when a method's seeds are all
     complete, OUT_DIR/<method>/ holds them as one run of every seed (the rows of each, its parameter files, the
-    first seed's config with num_seeds), which the results tools read; --resume skips it."""
+    first seed's config with num_seeds), which the tools read; --resume skips it."""
     fake_methods(monkeypatch, a="--total-timesteps 3", b="--total-timesteps 2")
     out = tmp_path / "protocol"
     protocol.main(protocol.Args(str(out), env="babyai", seeds=3, devices=("0", "1"), analysis_episodes=1))
@@ -270,19 +270,19 @@ def test_every_job_of_a_run_is_recorded_however_alike_and_a_slurm_job_recorded_a
 def test_a_protocol_stopped_part_way_is_exported_without_checkpoints_and_continues_from_the_export(
         tmp_path, monkeypatch, capsys):
     """Each seed is analysed (played) as it completes, and each method reported from its seeds' records once it is
-    complete, each once. results.export of a protocol stopped part way (a complete; b's seed 1 played, seed 2
+    complete, each once. tools.export of a protocol stopped part way (a complete; b's seed 1 played, seed 2
     complete but not played, seed 3 not complete) carries a's results and analysis (its agents only when asked), b's
     seed 1 with its records and seed 2 with its agent compacted, and no checkpoint. A copy of the export resumes:
     seed 3 trains from scratch, seed 2 is played, b is reported; exported again, the carried seeds and the agents not
     asked for are gone."""
-    from results.compact import decompress
-    from results.export import export
+    from tools.compact_agents import decompress
+    from tools.export import export
 
     fake_methods(monkeypatch, a="--total-timesteps 2", b="--total-timesteps 2")
     monkeypatch.setattr(protocol, "ANALYSES", ("babyai",))
     analysed = []
 
-    def fake_analysis(command, **kwargs):  # stands in for `python -m results.analyze ... --out DIR`
+    def fake_analysis(command, **kwargs):  # stands in for `python -m tools.analyze ... --out DIR`
         out_dir = Path(command[command.index("--out") + 1])
         analysed.append(out_dir.parent.name if "--records" in command else
                         f"{out_dir.parent.parent.name}/{out_dir.parent.name}")
@@ -344,7 +344,7 @@ def test_a_protocol_stopped_part_way_is_exported_without_checkpoints_and_continu
 def test_an_export_never_puts_an_older_claims_or_figure_back(tmp_path):
     """`cp -r DEST OUT`, claims.md made again in DEST, then an export: OUT's copy is older and differs, so the export
     stops before writing anything; once OUT's copy is made again (newer), it goes."""
-    from results.export import export
+    from tools.export import export
 
     out, dest = tmp_path / "out", tmp_path / "dest"
     (out / "figures").mkdir(parents=True)
@@ -403,14 +403,14 @@ def test_resume_takes_every_saved_setting_the_command_line_leaves_out(tmp_path):
 
 
 def test_the_protocol_trains_two_real_methods_is_interrupted_resumes_and_completes(tmp_path):
-    """python -m results.protocol on this CPU with tiny settings: MSFA and its entangled-psi ablation, one seed
+    """python -m tools.protocol on this CPU with tiny settings: MSFA and its entangled-psi ablation, one seed
     each in its own pinned process (the CPU's default: both at once on 2 cores); SIGTERM to the protocol once
     MSFA's seed has a checkpoint; --resume completes both, gives each method its seed's run (merging several seeds
     is the stand-in runs' test above) and analyses their saved agents."""
     out = tmp_path / "protocol"
     extra = " ".join([*TINY, *SMALL_NET, "--total-timesteps", "256", "--log-every", "32", "--eval-every", "64",
                       "--checkpoint-minutes", "0.01"])
-    command = [sys.executable, "-m", "results.protocol", str(out), "--env", "babyai", "--methods", "msfa",
+    command = [sys.executable, "-m", "tools.protocol", str(out), "--env", "babyai", "--methods", "msfa",
                "msfa_entangled_psi", "--seeds", "1", f"--extra={extra}", "--analysis-episodes", "2"]
     first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 600
@@ -419,10 +419,10 @@ def test_the_protocol_trains_two_real_methods_is_interrupted_resumes_and_complet
     first.send_signal(signal.SIGTERM)  # (as a scheduler stops it; Ctrl-C's SIGINT: the stand-in runs' test above)
     output = first.communicate(timeout=300)[0]
     assert first.returncode == 128 + signal.SIGTERM, output[-3000:]
-    assert "continue with: python -m results.protocol" in output and "[msfa/seed1] step" in output
+    assert "continue with: python -m tools.protocol" in output and "[msfa/seed1] step" in output
     stopped = read_summary(out)["methods"]
     assert not stopped["msfa"]["complete"] and not stopped["msfa_entangled_psi"]["complete"]  # one on each core
-    done = subprocess.run([sys.executable, "-m", "results.protocol", str(out), "--resume"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "tools.protocol", str(out), "--resume"], cwd=ROOT,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = read_summary(out)
@@ -453,7 +453,7 @@ def test_a_protocol_killed_before_its_first_checkpoint_resumes_and_gives_the_uni
     starts that run over with its saved settings; its metrics (but timing) and evaluations equal those of the same
     protocol run without interruption."""
     extra = " ".join([*TINY, *SMALL_NET, "--total-timesteps", "64", "--log-every", "32", "--eval-every", "64"])
-    command = lambda out: [sys.executable, "-m", "results.protocol", str(out), "--env", "babyai", "--methods",  # noqa
+    command = lambda out: [sys.executable, "-m", "tools.protocol", str(out), "--env", "babyai", "--methods",  # noqa
                            "msfa", "--seeds", "1", f"--extra={extra}", "--analysis-episodes", "1"]
     killed = tmp_path / "killed"
     first = subprocess.Popen(command(killed), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -465,7 +465,7 @@ def test_a_protocol_killed_before_its_first_checkpoint_resumes_and_gives_the_uni
     assert _kill_runs_in(killed) >= 1
     first.wait()
     assert not (killed / "msfa" / "seed1" / "checkpoint.eqx").exists()
-    resumed = subprocess.run([sys.executable, "-m", "results.protocol", str(killed), "--resume"], cwd=ROOT,
+    resumed = subprocess.run([sys.executable, "-m", "tools.protocol", str(killed), "--resume"], cwd=ROOT,
                              capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "no checkpoint yet: starting" in resumed.stdout

@@ -59,7 +59,7 @@ def test_the_readmes_method_map_points_at_the_right_lines():
         assert (first, last) == (spans[names[0]][0], spans[names[-1]][1]), (row, [spans[n] for n in names])
 
 
-CONTRACT = {  # what each script must expose to the results tools (docs/contract.md), beyond results.evaluate's names
+CONTRACT = {  # what each script must expose to the tools (docs/contract.md), beyond tools.evaluate's names
     "msfa_babyai": ("core_step", "q_values", "gpi_q_values"),
     "msfa_fruitbot": ("core_step", "q_values", "gpi_q_values", "make_env"),
     "msfa_minihack": ("core_step", "q_values", "gpi_q_values", "make_env"),
@@ -71,10 +71,10 @@ CONTRACT = {  # what each script must expose to the results tools (docs/contract
 @pytest.mark.parametrize("name", list(CONTRACT))
 def test_every_script_exposes_what_the_results_tools_use(name):
     from helpers import SCRIPTS
-    from results import contract
+    from tools import script_contract
 
     script = SCRIPTS[name]
-    needed = contract.EVALUATE + CONTRACT[name]
-    assert set(needed) <= set(contract.SCRIPT_NAMES)
-    assert set(contract.play_names(script)) <= set(needed)
-    contract.require_names(script, needed, "the results tools")  # one line naming what is missing, if anything
+    needed = script_contract.EVALUATE + CONTRACT[name]
+    assert set(needed) <= set(script_contract.SCRIPT_NAMES)
+    assert set(script_contract.play_names(script)) <= set(needed)
+    script_contract.require_names(script, needed, "the tools")  # one line naming what is missing, if anything

@@ -1,4 +1,4 @@
-"""results.protocol --slurm against a real SLURM: a single-node cluster started on this machine for these tests
+"""tools.protocol --slurm against a real SLURM: a single-node cluster started on this machine for these tests
 (tests/slurm_cluster.py; .ci/run installs SLURM and MUNGE, and there these tests must run: MSFA_REQUIRE_SLURM=1)."""
 
 import json
@@ -42,7 +42,7 @@ def empty_queue(cluster):
 
 
 def protocol(cluster, *args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "results.protocol", *map(str, args)], cwd=ROOT, env=cluster.env,
+    return subprocess.run([sys.executable, "-m", "tools.protocol", *map(str, args)], cwd=ROOT, env=cluster.env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -182,7 +182,7 @@ def test_slurm_refuses_bad_input_with_one_line_and_submits_nothing(cluster, tmp_
         assert refused.returncode == 2 and message in refused.stderr, (args, refused.stderr)
         assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     no_sbatch = dict(cluster.env, PATH=os.path.dirname(sys.executable))
-    refused = subprocess.run([sys.executable, "-m", "results.protocol", str(tmp_path / "f"), "--env", "babyai",
+    refused = subprocess.run([sys.executable, "-m", "tools.protocol", str(tmp_path / "f"), "--env", "babyai",
                               "--slurm"], cwd=ROOT, env=no_sbatch, capture_output=True, text=True)
     assert refused.returncode == 2 and "sbatch is not on PATH" in refused.stderr, refused.stderr
     queue = subprocess.run(["squeue", "-h"], env=cluster.env, capture_output=True, text=True).stdout

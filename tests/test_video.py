@@ -1,4 +1,4 @@
-"""results.video: the watched episode is the evaluation's episode, its overlay shows the evaluation's numbers, and bad
+"""tools.video: the watched episode is the evaluation's episode, its overlay shows the evaluation's numbers, and bad
 input stops with one line. Uses the saved MSFA agents committed under results/ (UVFA-FARM's: a tiny run here;
 MiniHack's: tests/test_msfa_minihack.py's tiny run)."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from helpers import check_video_is_the_evaluations
-from results import video
+from tools import video
 
 ROOT = Path(__file__).resolve().parent.parent
 MSFA_BABYAI = ROOT / "results/babyai/paper_protocol_h200/msfa"  # committed in compact form (.eqz)

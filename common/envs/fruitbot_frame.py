@@ -1,7 +1,8 @@
 """Fruitbot's 64x64 frame, drawn inside the jitted program from procgen's own images.
 
 The sprites and backgrounds are procgen's (MIT licence), read at start-up from the copies taken once from stock procgen's
-own environment (`python -m common.envs.procgen_env setup`; not committed). Sprite ids below index `SPRITE_FILES`; `common.envs.fruitbot_jax` stores one sprite id per entity.
+own environment (`python -m common.envs.procgen_env setup`; not committed). Sprite ids index `SPRITE_FILES`
+(common/envs/fruitbot_images.py); `common.envs.fruitbot_jax` stores one sprite id per entity.
 """
 
 from __future__ import annotations
@@ -15,22 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Sprite ids, in the order of SPRITE_FILES. Fruit k (1-6) is FRUIT + k - 1, food k is FOOD + k - 1.
-PLAYER_SPRITE, BARRIER_SPRITE, KEY_SPRITE, FRUIT, FOOD, DOOR_SPRITE, LOCK_SPRITE, PRESENT = 0, 1, 2, 3, 9, 15, 16, 17
-SPRITE_FILES = (["misc_assets/robot_3Dblue.png", "misc_assets/tileStone_slope.png", "misc_assets/keyRed2.png"]
-                + [f"misc_assets/fruit{k}.png" for k in range(1, 7)] + [f"misc_assets/food{k}.png" for k in range(1, 7)]
-                + ["misc_assets/fenceYellow.png", "misc_assets/lockRed2.png"]
-                + [f"misc_assets/present{k}.png" for k in range(1, 4)])
-NUM_SPRITES = len(SPRITE_FILES)
-# fruitbot.cpp draws its backgrounds from procgen's "topdown_backgrounds" list (resources.cpp), in this order.
-BACKGROUND_FILES = ["topdown_backgrounds/floortiles.png"] + [
-    f"topdown_backgrounds/backgrounddetailed{k}.png" for k in range(1, 9)]
+from common.envs import procgen_env
+from common.envs.fruitbot_images import (BACKGROUND_FILES, BARRIER_SPRITE, DOOR_SPRITE, FOOD, FRUIT,  # noqa: F401
+                                         KEY_SPRITE, LOCK_SPRITE, NUM_SPRITES, PLAYER_SPRITE, PRESENT, SPRITE_FILES)
 
 
 def asset_dir() -> str:
     """The folder of procgen's images (copied once from stock procgen's own environment: common/envs/procgen_env.py)."""
-    from common.envs import procgen_env
-
     return str(procgen_env.image_dir(SPRITE_FILES + BACKGROUND_FILES))
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.envs.fruitbot_images import BACKGROUND_FILES, SPRITE_FILES
 from common.envs.procgen_server import decode, encode
 from common.run.errors import ConfigError
 
@@ -162,8 +163,6 @@ def setup(base_python: str) -> None:
     if not python().exists():
         subprocess.run([base_python, "-m", "venv", str(VENV)], check=True)
         subprocess.run([str(python()), "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)], check=True)
-    from common.envs.fruitbot_frame import BACKGROUND_FILES, SPRITE_FILES
-
     copy_images(SPRITE_FILES + BACKGROUND_FILES)
     check()
 

@@ -4,9 +4,9 @@ package writes down what they measure and keeps what they need to resume. One mo
 - errors.py: one-line errors (ConfigError and the other stops), `require`, and the scripts' main wrapper;
 - settings.py: the script's Args from the command line or config.json, what a resumed run may change;
 - checkpoint.py: atomic checkpoints (a failed write keeps the previous file) and reading them back;
-- scripts.py: the script that trained a run, so that the results tools rebuild its agents with it;
+- scripts.py: the script that trained a run, so that the tools rebuild its agents with it;
 - cumulants.py: what a run measures of its learned cumulants (their quality; the cumulant response);
-- logs.py: metrics.csv, eval.csv (and reading them back, plain or as results.export packs them), TensorBoard and
+- logs.py: metrics.csv, eval.csv (and reading them back, plain or as tools.export packs them), TensorBoard and
   wandb, the progress lines;
 - run_dir.py: the run directory (new, --resume, --overwrite), seeds over devices, Ctrl-C / SIGTERM;
 - loop.py: a script's main loop: its jitted training chunks between logging, evaluation and checkpoints.
@@ -32,7 +32,7 @@ from common.run.settings import (
     check_run_args, check_replay_args, check_replay_memory
 )  # noqa: F401
 from common.run.checkpoint import save_checkpoint, read_checkpoint_header, load_checkpoint  # noqa: F401
-from common.run.scripts import ROOT, script_of, load_script  # noqa: F401
+from common.run.scripts import ROOT, REPOSITORY_SCRIPTS, script_of, is_copy, load_script  # noqa: F401
 from common.run.cumulants import (
     CUMULANT_SUMS, cumulant_stats, cumulant_quality, cumulant_columns, RESPONSE, RESPONSE_FIELDS, cumulant_response,
     response_sums, response_means, response_columns, pooled_response
@@ -42,5 +42,6 @@ from common.run.logs import (
     finished_episodes, metric_fields, metric_rows, progress_line, eval_line, require_finite, Evaluation,
     evaluation_parts, eval_rows, PACKED, table_path, open_table, read_table, pack_table
 )  # noqa: F401
-from common.run.run_dir import RUN_FILES, RunDir, VERSIONED, versions, shard_seeds, StopSignals  # noqa: F401
+from common.run.run_dir import (RUN_FILES, RunDir, VERSIONED, portable_command, portable_config, versions,
+                                shard_seeds, StopSignals)  # noqa: F401
 from common.run.loop import whole_iterations, Training, train_in_chunks  # noqa: F401

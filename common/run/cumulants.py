@@ -1,6 +1,6 @@
 """What a run measures of its learned cumulants phi (nothing here reaches a loss): how closely each phi^k tracks the
 env's pickups of category k over replayed transitions (metrics.csv), and the cumulant response on greedy episodes of
-the train tasks (eval.csv, results.analyze): what every phi^i does where a category is picked up, rewarded or not.
+the train tasks (eval.csv, tools.analyze): what every phi^i does where a category is picked up, rewarded or not.
 
 Why the response matters (docs/cumulants.md): phi(h_{t+1}, h_t) reads the recurrent state, which has received the
 previous reward. With one-hot train tasks, "category k picked up in task e_k" and "reward 1" are the same event, so a
@@ -19,7 +19,7 @@ from common.run.errors import require
 
 CUMULANT_SUMS = ("count", "phi", "phi_sq", "env", "env_sq", "phi_env", "pickups", "error_pickup", "error_other")
 """The sums over transitions [9, C] (this order) that a script with learned cumulants reports per SGD step as
-"cumulant_stats" (its function `cumulant_stats`, which results/analyze.py also calls on greedy episodes): per
+"cumulant_stats" (its function `cumulant_stats`, which tools/analyze.py also calls on greedy episodes): per
 category k, the count of transitions, sum phi^k, sum (phi^k)^2, sum phi_env^k, sum (phi_env^k)^2,
 sum phi^k phi_env^k, the number of pickups of category k (phi_env^k != 0), and sum |phi^k - phi_env^k| over the
 pickup and the other transitions. Sums, not means, so that SGD steps and chunks pool exactly."""

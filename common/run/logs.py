@@ -63,12 +63,12 @@ class CsvLog:
 
 
 PACKED = ".xz"
-"""results.export writes a run's tables as metrics.csv.xz and eval.csv.xz (lzma: a third of the size of gzip's
+"""tools.export writes a run's tables as metrics.csv.xz and eval.csv.xz (lzma: a third of the size of gzip's
 metrics.csv; Python's lzma and pandas.read_csv read them as they are, `xzcat` prints them)"""
 
 
 def table_path(path: Path) -> Path:
-    """A run's table (metrics.csv, eval.csv) as the run wrote it or, where only that exists, as results.export packs
+    """A run's table (metrics.csv, eval.csv) as the run wrote it or, where only that exists, as tools.export packs
     it (the same name + .xz). The tools read either through open_table."""
     packed = path.with_name(path.name + PACKED)
     return packed if not path.exists() and packed.exists() else path
@@ -304,7 +304,7 @@ def eval_rows(evaluate, params, seeds: list[int], step: int, tasks, num_train: i
     """eval.csv rows of every seed: mean and std of the greedy return per task and GPI setting, and, where the
     evaluation measures it, the cumulant response on the train tasks' rows acting on w. evaluate(params of one seed,
     key) -> returns [gpi settings, tasks, episodes] (or an Evaluation); seed s at step S plays with key
-    fold_in(PRNGKey(10000 + S), s), which `results.evaluate --seed 10000+S` replays."""
+    fold_in(PRNGKey(10000 + S), s), which `tools.evaluate --seed 10000+S` replays."""
     eval_key = jax.random.PRNGKey(10_000 + step)
     rows = []
     for i, seed in enumerate(seeds):

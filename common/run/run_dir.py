@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -18,12 +19,12 @@ import numpy as np
 from common.run.checkpoint import load_checkpoint, read_checkpoint_header, save_checkpoint
 from common.run.errors import ConfigError, Interrupted, NothingToDo, require
 from common.run.logs import RunLogs, drop_rows_after
-from common.run.scripts import script_of
+from common.run.scripts import REPOSITORY_SCRIPTS, is_copy, script_of
 from common.run.settings import NOT_SETTINGS, _read_config, default_run_dir, safe_to_change
 
 
 LOGGED = ("metrics.csv", "eval.csv", "metrics.csv.xz", "eval.csv.xz")
-"""a run's tables, as it writes them or as results.export packs them (common.run.logs.table_path)"""
+"""a run's tables, as it writes them or as tools.export packs them (common.run.logs.table_path)"""
 RUN_FILES = ("config.json", *LOGGED, "checkpoint.eqx")
 """what marks a directory as a run's (an exported copy of a complete run included)"""
 
@@ -133,10 +134,15 @@ class RunDir:
         self.started_over = True
 
     def write_config(self, config: dict) -> None:
-        """config.json: every resolved argument, package versions and the git commit, plus what the script adds.
-        On resume: the saved config with the new values of what changed, and one more entry in "resumes"."""
-        args = dataclasses.asdict(self.args)
-        command = " ".join(sys.argv)
+        """config.json: every resolved argument, package versions and the git commit, plus what the script adds
+        (its method, and for a copy of a script its own name: exp_name). On resume: the saved config with the new
+        values of what changed, and one more entry in "resumes". No folder of the machine is written: the run
+        directory is "." (the folder config.json is in) and the command names the script as the repository does
+        (portable_command), so a copied or committed run names nothing its reader does not have."""
+        args = self.recorded_args()
+        command = portable_command(sys.argv, self.script, self.path)
+        if is_copy(self.script):  # a copy is not the method it was copied from: named by its exp_name
+            config = config | {"method": self.args.exp_name, "copy_of": config.get("method", self.method)}
         if self.resumed_from is None:
             config = {"args": args, "script": self.script, "env": self.env, **config, "versions": versions(),
                       "command": command}
@@ -145,12 +151,12 @@ class RunDir:
         else:
             config = self.config
             config.setdefault("env", self.env)  # (runs saved before config.json recorded it)
-            config["args"] = {**config["args"], **{k: args[k] for k in self.resumed_from}}  # run_dir: where it is now
+            config["args"] = {**config["args"], **{k: args[k] for k in self.resumed_from}, "run_dir": "."}
             config.setdefault("resumes", []).append({
                 "step": self.start_step, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command,
                 "changed": {k: [old, args.get(k)] for k, old in self.resumed_from.items()}, "versions": versions()})
         tmp = self.path / "config.json.tmp"
-        tmp.write_text(json.dumps(config, indent=2))
+        tmp.write_text(json.dumps(portable_config(config), indent=2))
         os.replace(tmp, self.path / "config.json")
 
     def restore(self, skeleton):
@@ -177,7 +183,7 @@ class RunDir:
         GPU machine can bring back), with a JSON header holding the step, the seed, the method and the run's
         arguments, from which a script rebuilds the network to load them into. Only the latest are kept."""
         header = {"step": step, "method": self.method, "script": self.script, "env": self.env,
-                  "args": dataclasses.asdict(self.args)}
+                  "args": self.recorded_args()}
         for i, seed in enumerate(seeds):
             save_checkpoint(self.path / f"params_seed{seed}.eqx", jax.tree.map(lambda x: x[i], params),
                             header | {"seed": seed}, f"free space, then resume with: {self.resume_command()}")
@@ -190,11 +196,70 @@ class RunDir:
         """Whether --checkpoint-minutes of wall time have passed since the last checkpoint."""
         return time.monotonic() - self.last_save >= 60 * self.args.checkpoint_minutes
 
+    def recorded_args(self) -> dict:
+        """The arguments as config.json and the parameter files keep them: the run directory as "." (theirs)."""
+        return dataclasses.asdict(self.args) | {"run_dir": "."}
+
     def resume_command(self) -> str:
         return f"python {Path(sys.argv[0]).name} --resume --run-dir {self.path}"
 
     def open_logs(self, metric_fields: list[str]) -> "RunLogs":
         return RunLogs(self.path, self.args, metric_fields)
+
+
+def portable_config(config: dict, run_dir_as: str | None = None) -> dict:
+    """A config.json as it is written and exported: args.run_dir "." (the folder of config.json), every command's
+    script named as config["script"] names it, and its --run-dir relative to that folder: `run_dir_as` if given
+    ("seed1": the first seed's command in a merged run), else "." where it was an absolute path. So a committed or
+    copied run names no folder of the machine it ran on. Configs written before runs recorded them this way become
+    so (tools.export); applying it twice changes nothing."""
+    def relative(run_dir: str) -> str:
+        return run_dir_as if run_dir_as is not None else "." if Path(run_dir).is_absolute() else run_dir
+
+    def command(text: str) -> str:
+        try:
+            words = shlex.split(text)
+        except ValueError:
+            return text
+        if not words:
+            return text
+        script = str(config.get("script", ""))
+        if script and not Path(script).is_absolute() and Path(words[0]).name == Path(script).name:
+            words[0] = script  # as the repository names it
+        elif Path(words[0]).stem in REPOSITORY_SCRIPTS:  # (older runs recorded no script, or where it lay)
+            words[0] = Path(words[0]).name
+        for i, word in enumerate(words):
+            if word == "--run-dir" and i + 1 < len(words):
+                words[i + 1] = relative(words[i + 1])
+            elif word.startswith("--run-dir="):
+                words[i] = f"--run-dir={relative(word.split('=', 1)[1])}"
+        return shlex.join(words)
+
+    out = json.loads(json.dumps(config))
+    out.setdefault("args", {})["run_dir"] = "."
+    if "command" in out:
+        out["command"] = command(out["command"])
+    for resume in out.get("resumes", []):
+        resume["command"] = command(resume.get("command", ""))
+        resume.get("changed", {}).pop("run_dir", None)  # where a run lies is not a setting
+    return out
+
+
+def portable_command(argv: list[str], script: str, run_path: Path) -> str:
+    """A run's command line as config.json records it: the script as script_of names it (its path in the
+    repository, or a copy's own path outside it) and the run directory as "." (the folder of config.json)."""
+    def same(word: str) -> bool:
+        try:
+            return Path(word).resolve() == run_path.resolve()
+        except (OSError, ValueError):
+            return False
+
+    words = [script]
+    for word in argv[1:]:
+        if word.startswith("--run-dir=") and same(word.split("=", 1)[1]):
+            word = "--run-dir=."
+        words.append("." if same(word) else word)
+    return shlex.join(words)
 
 
 VERSIONED = ("jax", "jaxlib", "equinox", "optax", "flashbax", "gymnax", "minigrid", "procgen-mirror", "nle", "minihack",

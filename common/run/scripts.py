@@ -1,4 +1,4 @@
-"""The script that trained a run: config.json and every parameter file name it, so that the results tools rebuild the
+"""The script that trained a run: config.json and every parameter file name it, so that the tools rebuild the
 agent with that script (a copy with another network or loss included)."""
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ from common.run.errors import require
 
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (common/run/scripts.py)
+REPOSITORY_SCRIPTS = ("msfa_babyai", "msfa_fruitbot", "msfa_minihack", "usfa", "uvfa")
+"""the repository's own training scripts: their runs are named by their method (MSFA, USFA, ...); a copy's runs by
+its exp_name (a copy of msfa_babyai.py is not MSFA)"""
 
 
 def script_of(args) -> str:
@@ -20,6 +23,11 @@ def script_of(args) -> str:
         return str(path.relative_to(ROOT))
     except ValueError:
         return str(path)
+
+
+def is_copy(script: str) -> bool:
+    """Whether a run's script (script_of) is a copy rather than one of the repository's own."""
+    return Path(script).stem not in REPOSITORY_SCRIPTS
 
 
 def load_script(script: str, origin: str = ""):

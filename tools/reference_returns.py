@@ -1,11 +1,11 @@
 """Reference returns (the BFS oracle, scripted and random play), played once per env setting and stored as data.
 
-    python -m results.references babyai [--grid-size 10] [--objects-per-category 3] [--episode-steps 200]
+    python -m tools.reference_returns babyai [--grid-size 10] [--objects-per-category 3] [--episode-steps 200]
                                         [--episodes 100] [--seed 0] [--overwrite]
-    python -m results.references fruitbot [--distribution-mode hard] [--episodes 20] [--seed 0] [--overwrite]
+    python -m tools.reference_returns fruitbot [--distribution-mode hard] [--episodes 20] [--seed 0] [--overwrite]
 
 Playing the references takes minutes (BabyAI's BFS oracle in the paper's room: over a minute on 2 cores), and they
-depend only on the env's setting, so the results tools (results.summarize) read them from results/references.json
+depend only on the env's setting, so the tools (tools.summarize) read them from results/references.json
 instead of playing them for every table. Each command plays one setting's references with the env module's own
 functions (common.envs.babyai.bfs_oracle_returns and random_policy_returns, common.envs.fruitbot.policy_returns),
 each split's tasks in one batch as the env modules' tables play them, so the stored numbers are the ones those
@@ -38,9 +38,9 @@ from pathlib import Path
 import numpy as np
 
 from common.envs import babyai
-from common.run import ConfigError, exit_on_config_error, format_task, require
+from common.run import ROOT, ConfigError, exit_on_config_error, format_task, require
 
-REFERENCES = Path(__file__).with_name("references.json")
+REFERENCES = ROOT / "results" / "references.json"
 """the stored references, in the repository"""
 
 POLICIES = {"babyai": ("BFS oracle", "random"), "fruitbot": ("scripted gap-seeker", "random")}
@@ -89,7 +89,7 @@ PLAY = {"babyai": babyai_returns, "fruitbot": fruitbot_returns}
 
 
 def computable(env: str, setting: dict) -> bool:
-    """Whether `python -m results.references` can play this setting's references (every BabyAI room; Fruitbot's stock
+    """Whether `python -m tools.reference_returns` can play this setting's references (every BabyAI room; Fruitbot's stock
     procgen on unrestricted levels, lifetimes of 4 levels: what its functions play)."""
     if env == "fruitbot":
         return (setting.get("backend"), setting.get("max_levels"), setting.get("num_levels")) == ("procgen", 4, 0)
@@ -103,7 +103,7 @@ def command(env: str, setting: dict, episodes: int, seed: int) -> str:
                  f"--episode-steps {setting['episode_steps']}")
     else:
         flags = f"--distribution-mode {setting['distribution_mode']}"
-    return f"python -m results.references {env} {flags} --episodes {episodes} --seed {seed}"
+    return f"python -m {__spec__.name} {env} {flags} --episodes {episodes} --seed {seed}"
 
 
 def default_command(env: str, setting: dict) -> str:
@@ -115,7 +115,7 @@ def play(env: str, setting: dict, episodes: int, seed: int = 0) -> dict:
     """{policy: {task: {"mean", "se", ...}}} of a setting's references, played now."""
     require(env in PLAY, f"no references for env {env!r}; known: {', '.join(PLAY)}")
     require(computable(env, setting), f"{env}'s references cannot be played in the setting {setting}: "
-                                      f"`python -m results.references {env} --help` says which can")
+                                      f"`python -m {__spec__.name} {env} --help` says which can")
     return PLAY[env](setting, episodes, seed)
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Trains MSFA, every baseline and every ablation at the setting of results/babyai/README.md (1M env steps, 2 seeds,
 # replay ratio 1, target copy every 400 SGD steps), all at once, each run in its own process.
-#   bash results/babyai/run_comparison.sh [RUNS_DIR] [TIME_LIMIT_SECONDS]
+#   bash tools/run_comparison.sh [RUNS_DIR] [TIME_LIMIT_SECONDS]
 # (PYTHON picks the interpreter; EXTRA adds flags to every run, e.g. EXTRA="--eval-every 100000")
 # A run stopped by the time limit keeps the evaluations it reached (every 250k steps) in its eval.csv.
 set -u

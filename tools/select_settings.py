@@ -1,7 +1,7 @@
 """How a candidate setting of the miniature BabyAI did on the train tasks: the criterion its settings were chosen by.
 
-    python -m results.selection OUT_DIR [OUT_DIR ...]      # protocols run with --scale mini --methods msfa usfa
-    python -m results.selection OUT_DIR --budgets 200000 300000 400000   # as if each run had stopped there
+    python -m tools.select_settings OUT_DIR [OUT_DIR ...]      # protocols run with --scale mini --methods msfa usfa
+    python -m tools.select_settings OUT_DIR --budgets 200000 300000 400000   # as if each run had stopped there
 
 For each protocol folder (one candidate: its --scale and --extra) and each of its methods: the greedy train-task
 return without GPI (the mean over the 4 train tasks, then over seeds, with the seeds' spread) at the last evaluation
@@ -28,7 +28,7 @@ import tyro
 
 from common.envs.babyai import TRAIN_TASKS, bfs_oracle_returns
 from common.run import exit_on_config_error, format_task, open_table, require, table_path
-from results.summarize import babyai_room
+from tools.summarize import babyai_room
 
 TRAIN = {format_task(w) for w in TRAIN_TASKS}
 CRITERION_METHODS = ("msfa", "usfa")

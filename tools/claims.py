@@ -1,11 +1,11 @@
 """The paper's BabyAI claims on one protocol's runs: a table per method and the paper's comparisons, each with a 95%
 interval over seeds.
 
-    python -m results.claims OUT_DIR [--out OUT_DIR/claims.md]
+    python -m tools.claims OUT_DIR [--out OUT_DIR/claims.md]
 
-OUT_DIR is a BabyAI protocol's folder (results.protocol): one folder per method, named as the protocol names them
+OUT_DIR is a BabyAI protocol's folder (tools.protocol): one folder per method, named as the protocol names them
 (msfa, usfa_learned, usfa, uvfa_farm, msfa_entangled_psi, ..., uvfa, mvfa), each a run of every seed with its
-eval.csv and, for the methods with learned cumulants, analysis/per_seed.csv (results.analyze writes it; the protocol
+eval.csv and, for the methods with learned cumulants, analysis/per_seed.csv (tools.analyze writes it; the protocol
 runs the analysis at its end). Methods that are missing are left out of the table, and so are the comparisons that
 need them.
 
@@ -39,18 +39,29 @@ import tyro
 from scipy import stats
 
 from common.envs.babyai import TEST_TASKS, TRAIN_TASKS
-from common.run import exit_on_config_error, format_task, open_table, require, table_path
-from results import references
-from results.contract import run_label
-from results.summarize import babyai_room
+from common.run import RESPONSE, exit_on_config_error, format_task, open_table, require, table_path
+from tools import reference_returns
+from tools.script_contract import run_label
+from tools.protocol import BLIND
+from tools.run_reader import RunReader, record_response
+from tools.summarize import babyai_room
 
-MEASURES = {  # name: (column title, what it reads)
+MEASURES = {  # name: column title
     "train": "train, no GPI",
     "test_gpi": "test, GPI",
     "test": "test, no GPI",
     "error_train": "Table A error, train",
     "error_test": "Table A error, test",
 }
+CUMULANT_MEASURES = {  # name: column title (the learned cumulants' response: docs/cumulants.md)
+    "own_rewarded": "phi, own rewarded",
+    "own_unrewarded": "phi, own unrewarded",
+    "crosstalk": "crosstalk c",
+    "cross_unrewarded": "phi, cross unrewarded",
+    "crosstalk_counterfactual": "c, previous reward 0",
+    "gpi_cost_train": "GPI's cost, train",
+}
+DIGITS = {"error_train": 3, "error_test": 3} | {name: 3 for name in CUMULANT_MEASURES} | {"gpi_cost_train": 2}
 COMPARISONS = (  # (claim, A, its measure, B, its measure, the paper's side of A - B: +1, -1, or 0 for a reference)
     ("MSFA beats USFA with learned cumulants on the test tasks (GPI)", "msfa", "test_gpi", "usfa_learned",
      "test_gpi", +1),
@@ -96,7 +107,7 @@ def last_evaluation(run_dir: Path) -> tuple[int, list[dict]]:
     seen = set()
     for r in rows:
         require(r["task"] in tasks[r["split"]], f"{run_dir / 'eval.csv'}: task {r['task']} is not one of the "
-                                                f"paper's {r['split']} tasks; results.claims reads the paper's BabyAI "
+                                                f"paper's {r['split']} tasks; tools.claims reads the paper's BabyAI "
                                                 "protocol")
         key = (r["seed"], r["split"], r["task"], r["gpi"])
         require(key not in seen, f"{run_dir / 'eval.csv'} has two rows for seed {key[0]}, task {key[2]}, gpi "
@@ -124,6 +135,19 @@ def per_seed_measures(run_dir: Path, evaluation: tuple[int, list[dict]] | None =
         name = {("train", "0"): "train", ("test", "1"): "test_gpi", ("test", "0"): "test"}.get((r["split"], r["gpi"]))
         if name:
             values.setdefault(name, {}).setdefault(int(r["seed"]), []).append(float(r["return_mean"]))
+    by_seed: dict[int, dict[tuple[str, str], float]] = {}
+    for r in rows:  # GPI's cost on the train tasks: acting on w minus GPI (SF methods)
+        if r["split"] == "train":
+            by_seed.setdefault(int(r["seed"]), {}).setdefault(r["gpi"], []).append(float(r["return_mean"]))
+    for seed, settings in by_seed.items():
+        if "0" in settings and "1" in settings:
+            values.setdefault("gpi_cost_train", {})[seed] = [np.mean(settings["0"]) - np.mean(settings["1"])]
+    for record in RunReader(run_dir).records:  # the cumulant response of the analysis' episodes (acting on w)
+        if "response" in record:
+            played, blind = record_response(record), record_response(record, counterfactual=True)
+            for name in RESPONSE:
+                values.setdefault(name, {})[int(record["seed"])] = [played[name]]
+            values.setdefault("crosstalk_counterfactual", {})[int(record["seed"])] = [blind["crosstalk"]]
     analysis = run_dir / "analysis" / "per_seed.csv"
     if analysis.exists():
         with analysis.open() as f:
@@ -131,8 +155,8 @@ def per_seed_measures(run_dir: Path, evaluation: tuple[int, list[dict]] | None =
                 if r["abs_error"]:
                     values.setdefault(f"error_{r['split']}", {}).setdefault(int(r["seed"]), []).append(
                         float(r["abs_error"]))
-    return step, {name: {seed: float(np.mean(v)) for seed, v in sorted(by_seed.items())}
-                  for name, by_seed in values.items()}
+    return step, {name: {seed: float(np.mean(v)) for seed, v in sorted(per_seed.items()) if not np.isnan(np.mean(v))}
+                  for name, per_seed in values.items()}
 
 
 def interval(*samples: np.ndarray, paired: bool = False) -> tuple[float, float, float]:
@@ -173,8 +197,8 @@ def verdict(low: float, high: float, side: int) -> str:
 
 
 def stored_references(run_dir: Path) -> dict | None:
-    """The BFS oracle's and random play's stored returns in the run's room (results.references), or None."""
-    return references.stored("babyai", references.room_setting(babyai_room(run_dir)))
+    """The BFS oracle's and random play's stored returns in the run's room (tools.reference_returns), or None."""
+    return reference_returns.stored("babyai", reference_returns.room_setting(babyai_room(run_dir)))
 
 
 def reference_rows(entry: dict | None) -> list[str]:
@@ -182,7 +206,7 @@ def reference_rows(entry: dict | None) -> list[str]:
     if entry is None:
         return []
     rows = []
-    for policy in references.POLICIES["babyai"]:
+    for policy in reference_returns.POLICIES["babyai"]:
         returns = entry["returns"][policy]
         train = np.mean([returns[format_task(w)]["mean"] for w in TRAIN_TASKS])
         test = np.mean([returns[format_task(w)]["mean"] for w in TEST_TASKS])
@@ -205,23 +229,24 @@ def claims(out_dir: Path) -> list[str]:
              "|---|---:|---:|" + "---:|" * len(MEASURES)]
     for name, (step, values) in measured.items():
         seeds = len(values.get("train", {}))
-        cells = [cell(*interval(np.array(list(values[m].values()))), digits=3 if m.startswith("error") else 2)
-                 if m in values else "-" for m in MEASURES]
+        cells = [cell(*interval(np.array(list(values[m].values()))), digits=DIGITS.get(m, 2))
+                 if values.get(m) else "-" for m in MEASURES]
         lines.append(f"| {labels[name]} | {seeds} | {step:,} | " + " | ".join(cells) + " |")
     stored = stored_references(next(iter(runs.values())))
     lines += reference_rows(stored)
+    lines += cumulant_table(measured, labels)
     lines += ["", "## The paper's comparisons", "",
               "A - B: the difference of the means over seeds [95% bootstrap interval]; holds where the interval lies "
               "on the paper's side of 0.", "",
               "| claim | A | B | A - B | outcome |", "|---|---|---|---:|---|"]
-    for claim, a, measure_a, b, measure_b, side in COMPARISONS:
-        if a not in measured or b not in measured or measure_a not in measured[a][1] or measure_b not in measured[b][1]:
+    for claim, a, measure_a, b, measure_b, side in both_forms(COMPARISONS):
+        if not (measured.get(a, (0, {}))[1].get(measure_a) and measured.get(b, (0, {}))[1].get(measure_b)):
             continue
         x, y = measured[a][1][measure_a], measured[b][1][measure_b]
         paired = a == b
         if paired:
             require(x.keys() == y.keys(), f"{runs[a]}: the seeds of {measure_a} and {measure_b} differ")
-        digits = 3 if measure_a.startswith("error") else 2
+        digits = DIGITS.get(measure_a, 2)
         mean, low, high = interval(np.array(list(x.values())), np.array(list(y.values())), paired=paired)
         lines.append(f"| {claim} | {labels[a]}: {MEASURES[measure_a]} | {labels[b]}: {MEASURES[measure_b]} | "
                      f"{cell(mean, low, high, digits)} | {verdict(low, high, side)} |")
@@ -230,10 +255,45 @@ def claims(out_dir: Path) -> list[str]:
     return lines
 
 
+def cumulant_table(measured: dict, labels: dict[str, str]) -> list[str]:
+    """Per method with learned cumulants (or GPI), their response and GPI's cost on the train tasks."""
+    rows = [(name, values) for name, (_, values) in measured.items()
+            if any(values.get(m) for m in CUMULANT_MEASURES)]
+    if not rows:
+        return []
+    lines = ["", "## The learned cumulants' response and GPI's cost on the train tasks", "",
+             "phi^i at pickups on the train tasks acting on w (tools.analyze's episodes; docs/cumulants.md): own "
+             "category rewarded (task e_i) and unrewarded (tasks e_k, k != i); crosstalk c, at other categories' "
+             "rewarded pickups; other categories' unrewarded pickups; c again with the previous-reward input 0 "
+             "(the counterfactual). A category detector gives 1, 1, 0, 0, (0); a reward detector 1, 0, 1, 0, (0). "
+             "GPI's cost: the greedy train-task return acting on w minus with GPI (eval.csv's last evaluation; 0 "
+             "with exact cumulants). Mean over seeds [95% bootstrap interval].", "",
+             "| method | seeds | " + " | ".join(CUMULANT_MEASURES.values()) + " |",
+             "|---|---:|" + "---:|" * len(CUMULANT_MEASURES)]
+    for name, values in rows:
+        cells = [cell(*interval(np.array(list(values[m].values()))), digits=DIGITS[m]) if values.get(m) else "-"
+                 for m in CUMULANT_MEASURES]
+        seeds = max(len(values[m]) for m in CUMULANT_MEASURES if values.get(m))
+        lines.append(f"| {labels[name]} | {seeds} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def both_forms(comparisons) -> list[tuple]:
+    """The comparisons as the paper makes them, then each again between the reward-blind forms of its methods
+    (tools.protocol's <method>_blind), then each learned-phi method's reward-blind form against its paper form."""
+    blind = [(f"{claim} [both reward-blind]", a + BLIND, ma, b + BLIND, mb, side)
+             for claim, a, ma, b, mb, side in comparisons]
+    forms = [(f"{method}: the reward-blind form beats the paper's ({what})", method + BLIND, measure, method,
+              measure, +1) for method in ("msfa", "usfa_learned", "msfa_entangled_psi", "msfa_entangled_phi",
+                                         "msfa_entangled_both", "usfa", "mvfa")
+             for measure, what in (("test_gpi", "test, GPI"), ("test", "test, no GPI"), ("train", "train"))]
+    return [*comparisons, *blind, *forms]
+
+
 def per_task_tables(returns: dict[str, dict], labels: dict[str, str], stored: dict | None) -> list[str]:
     """Per test task, each method's return with GPI (the methods that have it), then without (every method), each
-    the mean over seeds [95% bootstrap interval], beside the stored references."""
-    policies = list(references.POLICIES["babyai"]) if stored else []
+    the mean over seeds [95% bootstrap interval], beside the stored reference_returns."""
+    policies = list(reference_returns.POLICIES["babyai"]) if stored else []
     lines = []
     for gpi, title in ((1, "with GPI over the train tasks"), (0, "without GPI (acting on w_test)")):
         names = [n for n in returns if any(g == gpi for _, g in returns[n])]

@@ -1,11 +1,11 @@
 """Markdown table of a run's final evaluation next to its env's reference returns (BFS oracle, scripted, random play).
 
-    python -m results.summarize results/babyai/msfa_1M [--episodes N] [--actors-from STEP]
+    python -m tools.summarize results/babyai/msfa_1M [--episodes N] [--actors-from STEP]
 
 For each task: the mean over seeds of each seed's greedy return at the last evaluation step, ± the standard error
 over seeds, with GPI and without; then the references of the run's env setting (BabyAI: the BFS oracle and random
 play in the run's room; Fruitbot's stock procgen: the scripted gap-seeker and random play), mean ± s.e. over their
-episodes, read from results/references.json (`python -m results.references` stores them: playing them takes
+episodes, read from results/references.json (`python -m tools.reference_returns` stores them: playing them takes
 minutes, reading them nothing). A room with no stored entry gets "(not stored)" cells, and the caption names the one
 command that stores it. MiniHack and the JAX Fruitbot game have none stored: the caption says which command prints
 theirs.
@@ -29,8 +29,8 @@ import tyro
 
 from common.envs import babyai
 from common.run import exit_on_config_error, format_task, open_table, require, table_path
-from results import references
-from results.contract import run_label
+from tools import reference_returns
+from tools.script_contract import run_label
 
 
 COLUMNS = ("BFS oracle", "random")
@@ -85,7 +85,7 @@ def reference_setting(run_dir: Path, env: str) -> dict:
     its room; Fruitbot: its game and evaluation levels; runs saved before --env-backend existed played stock procgen,
     on unrestricted levels)."""
     if env == "babyai":
-        return references.room_setting(babyai_room(run_dir))
+        return reference_returns.room_setting(babyai_room(run_dir))
     saved = saved_args(run_dir)
     game = {"distribution_mode": saved.get("distribution_mode", "hard"), "max_levels": saved.get("max_levels", 4)}
     if saved.get("env_backend", "procgen") == "procgen":
@@ -93,27 +93,27 @@ def reference_setting(run_dir: Path, env: str) -> dict:
     return {"backend": "jax", **game, "num_levels": saved.get("eval_levels", 1000), "level_key": 1}
 
 
-def reference_returns(run_dir: Path, env: str, episodes: int | None) -> tuple[dict, str, str]:
+def run_references(run_dir: Path, env: str, episodes: int | None) -> tuple[dict, str, str]:
     """({policy: {task: {"mean", "se"}}} of the run's references, what the table's caption says of them, and what a
     missing cell says): the stored ones by default, played now with --episodes N, none with --episodes 0. MiniHack
-    has none stored (results/references.py says why)."""
+    has none stored (tools/reference_returns.py says why)."""
     require(episodes in (None, 0) or episodes >= 2,
             f"--episodes must be 0 (leave the references out) or at least 2 (for a standard error), got {episodes}")
-    if env not in references.PLAY:
+    if env not in reference_returns.PLAY:
         return {}, f"{env} has no oracle here: its random references are `python -m common.envs.{env}`", "-"
     setting = reference_setting(run_dir, env)
     if episodes == 0:
         return {}, "references left out (--episodes 0)", "(not run)"
     if episodes is not None:
-        return references.play(env, setting, episodes), f"references played now over {episodes} episodes", "-"
-    entry = references.stored(env, setting)
+        return reference_returns.play(env, setting, episodes), f"references played now over {episodes} episodes", "-"
+    entry = reference_returns.stored(env, setting)
     if entry:
         return (entry["returns"], f"references over {entry['episodes']} episodes, stored {entry['date']} by "
                                   f"`{entry['command']}`", "-")
-    if references.computable(env, setting):
-        return {}, (f"no references stored for {setting}: `{references.default_command(env, setting)}` plays and "
+    if reference_returns.computable(env, setting):
+        return {}, (f"no references stored for {setting}: `{reference_returns.default_command(env, setting)}` plays and "
                     "stores them"), "(not stored)"
-    about = f"no references stored for {setting}, and results.references cannot play them"
+    about = f"no references stored for {setting}, and tools.reference_returns cannot play them"
     if setting.get("backend") == "jax":
         from common.envs.fruitbot import JAX_GAMES
 
@@ -212,11 +212,11 @@ def main(args: Args) -> None:
     seeds = len(next(iter(table.values())))
     train_tasks, test_tasks = env_tasks([args.run_dir])
     env = run_env(Path(args.run_dir))
-    returns, about, missing = reference_returns(Path(args.run_dir), env, args.episodes)
+    returns, about, missing = run_references(Path(args.run_dir), env, args.episodes)
     config = Path(args.run_dir) / "config.json"
     name = run_label(json.loads(config.read_text()) if config.exists() else {}, Path(args.run_dir).name)
     print(f"{name}: greedy return at step {step:,}, mean ± s.e. over {seeds} seed(s) of each seed's mean; {about}.\n")
-    policies = references.POLICIES.get(env, COLUMNS)
+    policies = reference_returns.POLICIES.get(env, COLUMNS)
     print("| split | task | GPI | no GPI | " + " | ".join(policies) + " |")
     print("|---|---|---:|---:|" + "---:|" * len(policies))
     for split, tasks in (("train", train_tasks), ("test", test_tasks)):

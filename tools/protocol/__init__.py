@@ -5,15 +5,15 @@ on a 2-core machine that trains 1.25x the env steps of one process using both co
 there (benchmarks/cpu_seeds.py, docs/scale.md); the seeds' runs (OUT_DIR/<method>/seed<k>/) are merged into
 OUT_DIR/<method>/ when all are complete, so every tool reads it as one run of all its seeds.
 
-    python -m results.protocol OUT_DIR --env babyai                   # the nine BabyAI methods, 10 seeds each
-    python -m results.protocol OUT_DIR --env babyai --devices 0 1 2 3  # four GPUs: four methods at a time
-    python -m results.protocol OUT_DIR --resume                        # continue where it stopped
-    python -m results.protocol OUT_DIR --env minihack --max-minutes 120 --methods msfa usfa_learned
-    python -m results.protocol OUT_DIR --env babyai fruitbot minihack --slurm --slurm-partition gpu  # a cluster
-    python -m results.protocol OUT_DIR --status                        # each run's job, state, progress, log
+    python -m tools.protocol OUT_DIR --env babyai                   # the nine BabyAI methods, 10 seeds each
+    python -m tools.protocol OUT_DIR --env babyai --devices 0 1 2 3  # four GPUs: four methods at a time
+    python -m tools.protocol OUT_DIR --resume                        # continue where it stopped
+    python -m tools.protocol OUT_DIR --env minihack --max-minutes 120 --methods msfa usfa_learned
+    python -m tools.protocol OUT_DIR --env babyai fruitbot minihack --slurm --slurm-partition gpu  # a cluster
+    python -m tools.protocol OUT_DIR --status                        # each run's job, state, progress, log
 
 With --slurm every run is a SLURM job submitted through submitit, all at once (SLURM schedules them; preempted and
-timed-out jobs checkpoint, requeue and resume), and the analysis a job after them; results/jobs.py says how, and
+timed-out jobs checkpoint, requeue and resume), and the analysis a job after them; tools/protocol/runners.py says how, and
 docs/scale.md what each job asks for. Without it the runs run here, one per device or core at a time. Several --env
 make one protocol per env, in OUT_DIR/<env>/.
 
@@ -23,12 +23,12 @@ prefixed with the method. A method whose eval.csv reaches its protocol's last st
 that stopped (Ctrl-C, --max-minutes, a crash) resumes from its checkpoint. Ctrl-C or SIGTERM stops every run cleanly
 (each checkpoints first); `--resume OUT_DIR` then continues with the same settings (OUT_DIR/protocol.json).
 
-Where the env has an analysis (BabyAI: the reward-prediction table, the cumulants' quality), results.analyze plays
+Where the env has an analysis (BabyAI: the reward-prediction table, the cumulants' quality), tools.analyze plays
 each run's saved agents as it completes (on SLURM: at the end), and a method trained seed by seed is reported from its
 seeds' records into OUT_DIR/<method>/analysis/, once; OUT_DIR/summary.json records the device and, per method, the
 env steps reached, the share of the protocol, the wall time and the exit status, what its analysis last said (kept
 through stops and resumes), and, where it was left to run, which seeds. Figures and tables: `python -m
-results.plot OUT_DIR/<method>` and `python -m results.summarize OUT_DIR/*/`. `python -m results.export OUT_DIR DEST`
+tools.plot OUT_DIR/<method>` and `python -m tools.summarize OUT_DIR/*/`. `python -m tools.export OUT_DIR DEST`
 copies what is small enough to commit (no checkpoints), a folder in which `--resume` continues the protocol: its
 complete runs are kept, the others start over.
 
@@ -54,11 +54,11 @@ from pathlib import Path
 
 import tyro
 
-from common.run import ConfigError, exit_on_config_error, open_table, read_table, require, table_path
-from results.jobs import LIVE_STATES, SINGLE_THREADED, LocalRunner, Run, SlurmOptions  # noqa: F401 (SINGLE_THREADED)
-from results import jobs as executors
+from common.run import (ROOT, ConfigError, exit_on_config_error, open_table, portable_config, read_table, require,
+                        table_path)
+from tools.protocol.runners import LIVE_STATES, SINGLE_THREADED, LocalRunner, Run, SlurmOptions  # noqa: F401 (SINGLE_THREADED)
+from tools.protocol import runners
 
-ROOT = Path(__file__).resolve().parent.parent
 METHODS = {  # per env, in the order the paper's claims need them: name -> script and flags
     "babyai": {
         "msfa": "msfa_babyai.py",
@@ -128,7 +128,7 @@ ENV_WORKERS = 8
 """--env-workers' default: worker processes stepping each seed's NLE envs"""
 """envs stepped by C++ on the host (NLE): their runs get --env-workers processes per seed's envs"""
 ANALYSES = ("babyai",)
-"""envs results.analyze plays (GotoAvoid)"""
+"""envs tools.analyze plays (GotoAvoid)"""
 FIT_SEEDS = ("fruitbot",)
 """envs whose replay may limit the seeds a device holds (Fruitbot's, where it keeps 64x64x3 frames)"""
 PAPER_SEEDS = 10
@@ -148,6 +148,9 @@ class Args:
     """methods to run, in this order (default: every method of --env, in the paper's order)"""
     seeds: int | None = None
     """vmapped seeds per method (seeds 1..seeds); default 10, and with --env fruitbot on a GPU as many as fit (<= 10)"""
+    method_seeds: tuple[str, ...] = ()
+    """other seed counts for some methods, as METHOD=N (e.g. msfa_blind=10 msfa=3): those methods train seeds 1..N,
+    the others --seeds"""
     devices: tuple[str, ...] = ()
     """GPUs to use, one method on each at a time (CUDA_VISIBLE_DEVICES of its run); on a CPU the cores to use, one
     seed's run pinned to each (default: one run at a time on whatever JAX sees; on a CPU every core)"""
@@ -167,7 +170,7 @@ class Args:
     resume: bool = False
     """continue the protocol in OUT_DIR with its saved settings (protocol.json)"""
     analysis_episodes: int = 40
-    """greedy episodes per task and seed of results.analyze (the paper's Table A: 40)"""
+    """greedy episodes per task and seed of tools.analyze (the paper's Table A: 40)"""
     status: bool = False
     """print one line per (env, method): its job and state, env steps reached, the last evaluation, its log; then
     exit (submits and runs nothing)"""
@@ -198,16 +201,33 @@ class Args:
             self.env = (self.env,)
 
 
-SAVED = ("env", "methods", "seeds", "env_workers", "scale", "extra", "seeds_apart")
+SAVED = ("env", "methods", "seeds", "method_seeds", "env_workers", "scale", "extra", "seeds_apart")
 """the settings protocol.json keeps for --resume"""
+
+
+def method_seeds(args: Args) -> dict[str, int]:
+    """--method-seeds as {method: seeds}; one line where an entry is not METHOD=N with N positive."""
+    out = {}
+    for entry in args.method_seeds:
+        name, _, count = entry.partition("=")
+        require(count.isdigit() and int(count) > 0, f"--method-seeds takes METHOD=N with N a positive number (e.g. "
+                                                    f"msfa_blind=10), got {entry!r}")
+        out[name] = int(count)
+    return out
+
+
+def seeds_of(args: Args, name: str) -> int:
+    """The number of seeds (1..N) a method trains."""
+    return method_seeds(args).get(name, args.seeds)
 
 
 def jobs(args: Args, name: str) -> list[tuple[str, int, int]]:
     """A method's runs: (job name, first seed, seeds): one with every seed vmapped, or with seeds_apart one per
     seed, in OUT_DIR/<method>/seed<k>/ (merged into OUT_DIR/<method>/ when all are complete)."""
+    seeds = seeds_of(args, name)
     if not args.seeds_apart:
-        return [(name, 1, args.seeds)]
-    return [(f"{name}/seed{k}", k, 1) for k in range(1, args.seeds + 1)]
+        return [(name, 1, seeds)]
+    return [(f"{name}/seed{k}", k, 1) for k in range(1, seeds + 1)]
 
 
 def run_flags(args: Args, name: str, seed: int = 1, seeds: int | None = None) -> list[str]:
@@ -217,7 +237,7 @@ def run_flags(args: Args, name: str, seed: int = 1, seeds: int | None = None) ->
         flags += ["--env-workers", str(ENV_WORKERS if args.env_workers is None else args.env_workers)]
     scale = SCALES[args.scale].get(env_name(args), {})
     flags += shlex.split(scale.get("all", "")) + shlex.split(scale.get(name.removesuffix(BLIND), ""))
-    return [str(ROOT / script), *flags, "--seed", str(seed), "--num-seeds", str(seeds or args.seeds),
+    return [str(ROOT / script), *flags, "--seed", str(seed), "--num-seeds", str(seeds or seeds_of(args, name)),
             *shlex.split(args.extra)]
 
 
@@ -248,7 +268,7 @@ def env_name(args: Args) -> str:
 
 
 def training_runs(args: Args, names: list[str]) -> list[Run]:
-    """The runs (results.jobs.Run) of these methods that are not complete, in order."""
+    """The runs (tools.protocol.runners.Run) of these methods that are not complete, in order."""
     out = Path(args.out_dir)
     runs = []
     for name in names:
@@ -262,7 +282,7 @@ def training_runs(args: Args, names: list[str]) -> list[Run]:
 def merge_seeds(args: Args, name: str) -> bool:
     """With seeds_apart: once every seed's run of a method is complete, OUT_DIR/<method>/ gets them as one run of
     all its seeds (the first seed's config.json with num_seeds set; every seed's metrics.csv and eval.csv rows; their
-    parameter files, hard-linked, .eqx or the compact .eqz of results.export), so that the results tools read it as
+    parameter files, hard-linked, .eqx or the compact .eqz of tools.export), so that the tools read it as
     they read a run of vmapped seeds. Returns whether the method is complete."""
     out = Path(args.out_dir) / name
     seed_dirs = [Path(args.out_dir) / job for job, _, _ in jobs(args, name)]
@@ -277,8 +297,9 @@ def merge_seeds(args: Args, name: str) -> bool:
             (out / params.name).unlink(missing_ok=True)
             os.link(params, out / params.name)
     config = json.loads((seed_dirs[0] / "config.json").read_text())
-    config["args"] |= {"seed": 1, "num_seeds": args.seeds, "run_dir": str(out)}
+    config["args"] |= {"seed": 1, "num_seeds": seeds_of(args, name)}
     config["seeds_trained_apart"] = [str(d.relative_to(out)) for d in seed_dirs]
+    config = portable_config(config, run_dir_as=str(seed_dirs[0].relative_to(out)))  # (the command is its seed's)
     (out / "config.json").write_text(json.dumps(config, indent=2))  # last: complete() reads it
     return True
 
@@ -292,31 +313,33 @@ def method_progress(args: Args, name: str) -> tuple[int, int | None]:
 
 
 def saved_agents(run_dir: Path) -> list[Path]:
-    """A run's parameter files: params_seed<N>.eqx as written, or their compact .eqz (results.compact)."""
+    """A run's parameter files: params_seed<N>.eqx as written, or their compact .eqz (tools.compact_agents)."""
     return sorted([*run_dir.glob("params_seed*.eqx"), *run_dir.glob("params_seed*.eqz")])
 
 
 def analyzed(run_dir: Path) -> bool:
-    """results.analyze finished on this run (it writes records.json last but for the figures)."""
+    """tools.analyze finished on this run (it writes records.json last but for the figures)."""
     return (run_dir / "analysis" / "records.json").exists()
 
 
 def run_analysis(args: Args, name: str, run_dir: Path, flags: list[str]) -> bool:
-    """One results.analyze into run_dir/analysis/, its output in OUT_DIR/<name>.analysis.log; whether it worked."""
-    command = [sys.executable, "-m", "results.analyze", *flags, "--out", str(run_dir / "analysis"), "--episodes",
+    """One tools.analyze into run_dir/analysis/, its output in OUT_DIR/<name>.analysis.log; whether it worked."""
+    from tools import analyze as analysis  # (its module path, not written out: a moved tool moves here too)
+
+    command = [sys.executable, "-m", analysis.__spec__.name, *flags, "--out", str(run_dir / "analysis"), "--episodes",
                str(args.analysis_episodes)]
     log = Path(args.out_dir) / f"{name.replace('/', '.')}.analysis.log"
     print(f"[protocol] {time.strftime('%H:%M:%S')} analyse {name}: {shlex.join(command)}", flush=True)
-    env = executors.run_environment(Run(f"{name}.analysis", command, run_dir, log))  # the runs' compile cache
+    env = runners.run_environment(Run(f"{name}.analysis", command, run_dir, log))  # the runs' compile cache
     with log.open("w") as f:
         return subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode == 0
 
 
 def analyze(args: Args, names: list[str]) -> dict[str, str]:
-    """results.analyze of each method's saved agents into OUT_DIR/<method>/analysis/ (where the env has one), once.
+    """tools.analyze of each method's saved agents into OUT_DIR/<method>/analysis/ (where the env has one), once.
     Trained seed by seed, each complete seed is played as soon as it is (OUT_DIR/<method>/seed<k>/analysis/, its
     records), and the method, once complete, is reported from its seeds' records (--records): so a seed's agent is
-    needed only until it is played, and results.export carries the records instead."""
+    needed only until it is played, and tools.export carries the records instead."""
     outcome = {}
     for name in names:
         run_dir = Path(args.out_dir) / name
@@ -414,7 +437,8 @@ def resolve(args: Args, env: str | None = None) -> Args:
     if args.resume:
         require(saved_file.exists(), f"--resume: {saved_file} does not exist; start the protocol there first "
                                      "(without --resume, with --env)")
-        saved = {"seeds_apart": False, "scale": "paper"} | json.loads(saved_file.read_text())  # (older ones lack these)
+        saved = ({"seeds_apart": False, "scale": "paper", "method_seeds": ()}  # (older protocol.json lack these)
+                 | json.loads(saved_file.read_text()))
         saved["env"] = (saved["env"],)
         given = {k: getattr(args, k) for k in SAVED if getattr(args, k) not in (None, (), "")}
         if "env" in given and len(given["env"]) > 1:
@@ -439,6 +463,8 @@ def resolve(args: Args, env: str | None = None) -> Args:
     unknown = [m for m in args.methods if m not in known]
     require(not unknown, f"unknown methods {unknown} for --env {env}; choose from {', '.join(known)}")
     require(args.seeds is None or args.seeds > 0, f"--seeds must be positive, got {args.seeds}")
+    stray = sorted(set(method_seeds(args)) - set(args.methods or PAPER_METHODS[env]))  # (each entry checked)
+    require(not stray, f"--method-seeds names methods this protocol does not run: {stray}")
     require(args.env_workers > 0 and args.analysis_episodes > 0,
             "--env-workers and --analysis-episodes must be positive")
     require(len(set(args.devices)) == len(args.devices), f"--devices repeats a device: {' '.join(args.devices)}")
@@ -499,7 +525,7 @@ def write_jobs(out: Path, record: dict) -> None:
 
 
 RUN_RECORD = ("exit_status", "wall_seconds", "ended", "error", "result", "job_id", "earlier")
-"""what summary.json records of a run's job (results.jobs), and of its jobs before this one ("earlier")"""
+"""what summary.json records of a run's job (tools.protocol.runners), and of its jobs before this one ("earlier")"""
 
 
 def run_record(before: dict | None, now: dict | None) -> dict:
@@ -524,7 +550,7 @@ def run_record(before: dict | None, now: dict | None) -> dict:
 def finish(args: Args, outcome: dict[str, dict] | None = None, not_started: tuple[str, ...] = (),
            stopped: bool = False, wall_seconds: float | None = None, before: dict | None = None,
            analysis: dict[str, str] | None = None) -> dict:
-    """The end of a protocol: merge seeds' runs, results.analyze of every method's saved agents (unless stopped),
+    """The end of a protocol: merge seeds' runs, tools.analyze of every method's saved agents (unless stopped),
     OUT_DIR/summary.json. On SLURM the last job calls it, after every run's job has ended. analysis: what this
     invocation's analyses already said (as its runs ended), which a stopped protocol reports as they were."""
     out = Path(args.out_dir)
@@ -552,13 +578,14 @@ def write_summary(args: Args, outcome: dict[str, dict] | None, before: dict | No
     out = Path(args.out_dir)
     record = read_jobs(out)
     summary = {"device": device_name(), "env": env_name(args), "scale": args.scale, "seeds": args.seeds,
+               "method_seeds": method_seeds(args),
                "seeds_apart": args.seeds_apart, "extra": args.extra, "devices": list(args.devices),
                "executor": record["executor"], "wall_seconds": wall_seconds, "in_progress": in_progress,
                "methods": {}}
     outcome = dict(outcome or {})
     if record["executor"] == "slurm":
         for job, job_id in record["jobs"].items():
-            outcome.setdefault(job, {"job_id": job_id} | (executors.job_outcome(out / "slurm", job_id) or {}))
+            outcome.setdefault(job, {"job_id": job_id} | (runners.job_outcome(out / "slurm", job_id) or {}))
     before = summary_before(out) if before is None else before
     for name in args.methods:
         steps, total = method_progress(args, name)
@@ -596,7 +623,8 @@ def run_here(args: Args) -> None:
     queue = training_runs(args, [m for m in args.methods if m not in done])
     slots = list(args.devices) or ([str(c) for c in sorted(os.sched_getaffinity(0))] if args.seeds_apart else [None])
     how = f"each seed apart, {len(slots)} at a time (one per core)" if args.seeds_apart else f"{len(slots)} at a time"
-    print(f"[protocol] {device_name()}; {env_name(args)}; {args.seeds} seeds per method, {how}; "
+    counts = f"{args.seeds} seeds per method" + (f" ({', '.join(args.method_seeds)})" if args.method_seeds else "")
+    print(f"[protocol] {device_name()}; {env_name(args)}; {counts}, {how}; "
           f"complete: {', '.join(done) or 'none'}"
           f"; to run: {', '.join(dict.fromkeys(r.name.split('/')[0] for r in queue)) or 'none'}", flush=True)
     record = {"executor": "local", "protocol_pid": os.getpid(), "jobs": {}}
@@ -612,7 +640,7 @@ def run_here(args: Args) -> None:
         if args.seeds_apart:
             merge_seeds(args, method)
         if not runner.stopped and complete(out / name):
-            # now, while its agents are here: results.export need not carry them after
+            # now, while its agents are here: tools.export need not carry them after
             analysis.update(analyze(args, [method]))
         write_summary(args, runner.outcome, before, analysis)
 
@@ -626,7 +654,7 @@ def run_here(args: Args) -> None:
               flush=True)
     unfinished = [m for m, e in summary["methods"].items() if not e["complete"]]
     if unfinished:
-        print(f"[protocol] not complete: {', '.join(unfinished)}; continue with: python -m results.protocol "
+        print(f"[protocol] not complete: {', '.join(unfinished)}; continue with: python -m {__spec__.name} "
               f"{shlex.quote(str(out))} --resume", flush=True)
     if runner.stopped:
         raise SystemExit(128 + runner.stopped[0])
@@ -639,7 +667,7 @@ def submit(args: Args, options: SlurmOptions) -> None:
     job after them; returns once submitted (`--status` follows them)."""
     out = Path(args.out_dir)
     record = read_jobs(out)
-    states = executors.slurm_states([*record["jobs"].values(), record.get("finish", "")]) \
+    states = runners.slurm_states([*record["jobs"].values(), record.get("finish", "")]) \
         if record["executor"] == "slurm" else {}
     live = {job_id for job_id, (state, _) in states.items() if state in LIVE_STATES}
     unfinished = training_runs(args, list(args.methods))
@@ -648,8 +676,8 @@ def submit(args: Args, options: SlurmOptions) -> None:
     prefix = f"{options.job_prefix}{env_name(args)}-"
     first = not (out / "slurm").exists()
     try:
-        ids = executors.submit_to_slurm(dataclasses.replace(options, job_prefix=prefix), out / "slurm", runs,
-                                        executors.FinishJob(finish, args), running)
+        ids = runners.submit_to_slurm(dataclasses.replace(options, job_prefix=prefix), out / "slurm", runs,
+                                        runners.FinishJob(finish, args), running)
     except ConfigError:  # refused: OUT_DIR is left as it was (a new one is not created)
         if first:
             shutil.rmtree(out / "slurm", ignore_errors=True)
@@ -664,7 +692,7 @@ def submit(args: Args, options: SlurmOptions) -> None:
     write_jobs(out, record)
     print(f"[protocol] {env_name(args)}: submitted {len(runs)} run(s) as SLURM jobs "
           f"{' '.join(ids[r.name] for r in runs) or '(none left to run)'}, then the analysis as job {ids['finish']}; "
-          f"follow them with: python -m results.protocol {shlex.quote(str(out))} --status", flush=True)
+          f"follow them with: python -m {__spec__.name} {shlex.quote(str(out))} --status", flush=True)
 
 
 # -------------------------------------------------------------------------------------------------------- status
@@ -688,7 +716,7 @@ def status_lines(args: Args) -> list[str]:
     log; a failed one with its error's last line."""
     out = Path(args.out_dir)
     record = read_jobs(out)
-    states = executors.slurm_states(list(record["jobs"].values())) if record["executor"] == "slurm" else {}
+    states = runners.slurm_states(list(record["jobs"].values())) if record["executor"] == "slurm" else {}
     protocol_alive = record["executor"] == "local" and pid_alive(record.get("protocol_pid"))
     lines = []
     for name in args.methods:
@@ -704,7 +732,7 @@ def status_lines(args: Args) -> list[str]:
                 state = "done"
             elif record["executor"] == "slurm" and job_id is not None:
                 state, restarts = states.get(str(job_id), ("", 0))
-                outcome = executors.job_outcome(out / "slurm", str(job_id))
+                outcome = runners.job_outcome(out / "slurm", str(job_id))
                 if state in LIVE_STATES:
                     state = ("requeued" if state == "PENDING" and restarts else state.lower()) + (
                         f" (restarts {restarts})" if restarts else "")
@@ -718,7 +746,7 @@ def status_lines(args: Args) -> list[str]:
                 state = "pending" if protocol_alive or record["executor"] == "slurm" else "not started"
             log = out / f"{job.replace('/', '.')}.log"
             if state == "failed" and not error:
-                error = executors.last_line(log)
+                error = runners.last_line(log)
             lines.append(f"{env_name(args):9s} {job:24s} {str(job_id or '-'):>8s} {state:22s} "
                          f"{steps:>11,} / {total or 0:<11,} {last_evaluation(run_dir):>18s}  {log}"
                          + (f"\n{'':9s} error: {error}" if error else ""))
@@ -754,7 +782,7 @@ def main(args: Args) -> None:
         out = Path(one.out_dir)
         record = read_jobs(out)
         if options is None and record["executor"] == "slurm" and shutil.which("scontrol"):
-            states = executors.slurm_states(list(record["jobs"].values()))
+            states = runners.slurm_states(list(record["jobs"].values()))
             live = [j for j, (state, _) in states.items() if state in LIVE_STATES]
             require(not live, f"{out}: SLURM jobs {' '.join(live)} still run this protocol; wait for them (--status) "
                               "or scancel them before resuming it here")
@@ -772,6 +800,3 @@ def save_settings(args: Args) -> None:
     (Path(args.out_dir) / "protocol.json").write_text(json.dumps(
         {k: getattr(args, k) if k != "env" else env_name(args) for k in SAVED}, indent=1))
 
-
-if __name__ == "__main__":
-    main(tyro.cli(Args))

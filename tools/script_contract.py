@@ -1,4 +1,4 @@
-"""What a training script exposes to the results tools (docs/contract.md), in one place.
+"""What a training script exposes to the tools (docs/contract.md), in one place.
 
 A run names the script that trained it, and the tools rebuild its agents with that script's own code, so that a
 copy (`msfa_myidea.py`) with its own network or losses works with every tool as long as it keeps these names. Each
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.run import require
+from common.run import REPOSITORY_SCRIPTS, require
 
 SCRIPT_NAMES = {
     "Args": "the settings dataclass (tyro): exp_name labels the run; eval_episodes; env (usfa.py, uvfa.py)",
@@ -23,16 +23,14 @@ SCRIPT_NAMES = {
     "gpi_q_values": "gpi_q_values(net, h, w, policies): max over z of psi(s, a, z) . w (scripts with GPI)",
     "make_env": "make_env(args, ...): the host env (Fruitbot's procgen backend, MiniHack)",
 }
-"""every name a results tool may use, and what it is"""
+"""every name a tool may use, and what it is"""
 
 EVALUATE = ("Args", "make_network", "make_setup", "make_evaluate", "GPI_SETTINGS")
-"""what results.evaluate (and so every tool that loads agents) uses"""
+"""what tools.evaluate (and so every tool that loads agents) uses"""
 
 PLAY = ("core_step", "q_values")
-"""what results.analyze and results.video use to play a saved agent step by step (and gpi_q_values with GPI)"""
+"""what tools.analyze and tools.video use to play a saved agent step by step (and gpi_q_values with GPI)"""
 
-REPOSITORY_SCRIPTS = ("msfa_babyai", "msfa_fruitbot", "msfa_minihack", "usfa", "uvfa")
-"""the repository's own scripts: their runs are labelled by their method's name"""
 
 
 def require_names(script, names, tool: str, origin: str = "") -> None:
@@ -40,7 +38,7 @@ def require_names(script, names, tool: str, origin: str = "") -> None:
     missing = [n for n in names if not hasattr(script, n)]
     where = getattr(script, "__file__", script.__name__)
     require(not missing, f"{origin + ': ' if origin else ''}{where} lacks {', '.join(missing)}, which {tool} uses "
-                         f"(docs/contract.md: what a training script exposes to the results tools)")
+                         f"(docs/contract.md: what a training script exposes to the tools)")
 
 
 def has_psi(script) -> bool:

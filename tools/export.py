@@ -1,27 +1,27 @@
 """A protocol folder's results, small enough to commit and complete enough to continue the protocol from.
 
-    python -m results.export OUT_DIR DEST                     # the results and what --resume needs to go on
-    python -m results.export OUT_DIR DEST --agents msfa usfa  # and these complete methods' agents, compacted
+    python -m tools.export OUT_DIR DEST                     # the results and what --resume needs to go on
+    python -m tools.export OUT_DIR DEST --agents msfa usfa  # and these complete methods' agents, compacted
 
-A protocol folder (results.protocol) holds, beside its results, what only a running protocol needs: each run's
+A protocol folder (tools.protocol) holds, beside its results, what only a running protocol needs: each run's
 checkpoint (its replay, from tens of MB at the miniature's settings to GBs at the paper's), TensorBoard files, the
 logs and the cache of compiled programs. DEST gets the rest:
 
-- protocol.json (the settings `--resume` keeps), summary.json, claims.md (results.claims) and figures/;
-- each complete method: config.json, metrics.csv.xz, eval.csv.xz and analysis/ (results.analyze, which the
-  protocol runs as soon as a method completes); its parameter files in results.compact's form (.eqz) if --agents
+- protocol.json (the settings `--resume` keeps), summary.json, claims.md (tools.claims) and figures/;
+- each complete method: config.json, metrics.csv.xz, eval.csv.xz and analysis/ (tools.analyze, which the
+  protocol runs as soon as a method completes); its parameter files in tools.compact_agents's form (.eqz) if --agents
   names it, or while its analysis has not run;
 - each complete seed of a method that was trained seed by seed and is not complete yet: the seed's config.json,
   metrics.csv.xz, eval.csv.xz and its analysis' records.json (the protocol plays each seed as it completes; the
   method is reported from its seeds' records), or its agent (.eqz) if it was not played yet.
 
 The tables go packed with lzma (a seed's metrics.csv at the miniature's settings: 334 kB as written, 113 kB packed
-against gzip's 133 kB): every results tool, and --resume, reads a run's metrics.csv.xz and eval.csv.xz where it has
+against gzip's 133 kB): every tool, and --resume, reads a run's metrics.csv.xz and eval.csv.xz where it has
 no plain metrics.csv and eval.csv (common.run.open_table); so do pandas.read_csv and `xzcat`.
 
 Runs that are not complete are left out (all they have to continue from is their checkpoint): in a copy of DEST they
 start over. So a protocol stopped part way on one machine continues on another, or later on one that kept
-nothing, from its exported results: `cp -r DEST OUT && python -m results.protocol OUT --resume` trains what is
+nothing, from its exported results: `cp -r DEST OUT && python -m tools.protocol OUT --resume` trains what is
 missing, then plays, merges, reports and summarises as it would have without the stop.
 
 DEST is new, or an earlier export of the same protocol (its protocol.json), which is brought up to date: the files
@@ -39,9 +39,9 @@ from pathlib import Path
 
 import tyro
 
-from common.run import exit_on_config_error, pack_table, require
-from results.compact import compress
-from results.protocol import ANALYSES, analyzed, complete, saved_agents
+from common.run import exit_on_config_error, pack_table, portable_config, require
+from tools.compact_agents import compress, portable_header
+from tools.protocol import ANALYSES, analyzed, complete, saved_agents
 
 TOP_FILES = ("protocol.json", "summary.json", "claims.md")
 TOP_FOLDERS = ("figures",)
@@ -51,7 +51,7 @@ TABLES = ("metrics.csv", "eval.csv")  # packed (common.run.pack_table): metrics.
 @dataclass
 class Args:
     out_dir: tyro.conf.Positional[str]
-    """the protocol's folder (results.protocol OUT_DIR)"""
+    """the protocol's folder (tools.protocol OUT_DIR)"""
     dest: tyro.conf.Positional[str]
     """where the results go: a new folder, or an earlier export of this protocol"""
     agents: tuple[str, ...] = ()
@@ -65,7 +65,7 @@ def copy_agents(run: Path, dest: Path) -> list[Path]:
     for params in saved_agents(run):
         data = params.read_bytes()
         target = dest / f"{params.stem}.eqz"
-        target.write_bytes(data if params.suffix == ".eqz" else compress(data))
+        target.write_bytes(portable_header(data if params.suffix == ".eqz" else compress(data)))
         written.append(target)
     for stale in set(saved_agents(dest)) - set(written):
         stale.unlink()
@@ -77,7 +77,8 @@ def copy_run(run: Path, dest: Path, with_agents: bool, analysis: str = "all") ->
     and, if asked, its agents."""
     dest.mkdir(parents=True, exist_ok=True)
     written = []
-    shutil.copyfile(run / "config.json", dest / "config.json")
+    config = portable_config(json.loads((run / "config.json").read_text()))  # (older runs named their folders)
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
     written.append(dest / "config.json")
     written.extend(pack_table(run / name, dest / name) for name in TABLES)
     if analysis == "all" and (run / "analysis").is_dir():
@@ -106,7 +107,7 @@ def export(out: Path, dest: Path, agents: tuple[str, ...] = ()) -> dict[str, lis
     """Copies the protocol in `out` into `dest` as the module docstring says. Returns, per method, the files written
     ("" for the protocol's own); prints what was left out."""
     require((out / "protocol.json").exists(), f"{out} holds no protocol (no protocol.json); pass the folder given to "
-                                              "results.protocol")
+                                              "the protocol (tools/protocol/)")
     settings = json.loads((out / "protocol.json").read_text())
     require(not set(agents) - set(settings["methods"]), f"--agents: {sorted(set(agents) - set(settings['methods']))} "
                                                         f"are not methods of this protocol ({settings['methods']})")

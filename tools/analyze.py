@@ -1,9 +1,9 @@
 """The paper's analyses of saved agents: Table A, cumulant quality, pickup heatmaps and module activity.
 
-    python -m results.analyze RUN_DIR [RUN_DIR ...] --out results/babyai/analysis [--episodes 40] [--gpi on]
-    python -m results.analyze --records A/analysis B/analysis --out DIR   # seeds played apart, reported together
+    python -m tools.analyze RUN_DIR [RUN_DIR ...] --out results/babyai/analysis [--episodes 40] [--gpi on]
+    python -m tools.analyze --records A/analysis B/analysis --out DIR   # seeds played apart, reported together
 
-Each RUN_DIR holds params_seed<N>.eqx files (written at every evaluation; results/evaluate.py loads them). For every
+Each RUN_DIR holds params_seed<N>.eqx files (written at every evaluation; tools/evaluate.py loads them). For every
 run and seed this plays greedy episodes of every train and test task with the agent's own evaluation policy (GPI over
 the train tasks, or acting on w with --gpi off), records per step the reward r, the env's cumulant phi_env (pickups
 per category), the learned cumulant phi (methods that learn one) and each module's share of the chosen action's
@@ -15,7 +15,7 @@ value, and writes to --out:
   (common.run.cumulant_quality: correlation of phi^k with the pickups of category k, and its error on pickup and
   other transitions), over all tasks' episodes; and the mean pickups per episode of each category.
 - per_seed.csv: per method, seed and task, the greedy episodes' mean return and (learned cumulants) the mean
-  |phi . w - r| and (phi . w - r)^2 of their transitions: Table A per seed on every task (results.claims reads it).
+  |phi . w - r| and (phi . w - r)^2 of their transitions: Table A per seed on every task (tools.claims reads it).
 - pickup_heatmaps.png: per method, the mean pickups of each category per episode on each test task.
 - module_activity.png: one episode of --activity-task per SF run (seed 1 or its first): each module's contribution
   sum_{c in module k} psi_c(s, a, z*) w_c to the value of the chosen action a (z* the policy GPI chose), against the
@@ -24,7 +24,7 @@ value, and writes to --out:
 
 Every table is computed from the records, and a seed's record depends on that seed alone (its episodes' keys are
 --seed folded with the agent's seed), so seeds played apart and reported together (--records: the folders of
-earlier analyses) give the analysis of playing them together. results.protocol plays each seed as it completes and
+earlier analyses) give the analysis of playing them together. tools.protocol plays each seed as it completes and
 reports a method from its seeds' records, so a method's agents are not needed once its seeds are played.
 
 The learned cumulant of transition t is phi(h_{t+1}, h_t); the last transition of an episode has no h_{t+1} (the
@@ -47,10 +47,11 @@ import tyro
 from common.envs.babyai import CATEGORY_KINDS, TEST_TASKS, TRAIN_TASKS
 from common.run import (RESPONSE, cumulant_quality, cumulant_response, cumulant_stats, exit_on_config_error,
                         format_task, require, response_means, response_sums)
-from results import contract
-from results.contract import play_names, require_names, run_label
-from results.evaluate import greedy_step, load_agent, params_files, parse_tasks
-from results.summarize import run_env
+from tools import script_contract
+from tools.script_contract import play_names, require_names, run_label
+from tools.evaluate import greedy_step, load_agent, params_files, parse_tasks
+from tools.run_reader import record_response
+from tools.summarize import run_env
 
 PAPER_TABLE_A = {  # the paper's Table A: task -> (MSFA, USFA-learned-phi), mean ± std over 40 episodes per task
     "1,1,0,0": ((0.0003, 0.0090), (0.1362, 0.3410)),
@@ -86,7 +87,7 @@ class Args:
 class Agent:
     """One saved seed of a run, rebuilt with the script that trained it."""
     run: str  # the run's label and folder
-    method: str  # the run's label (contract.run_label): its method, or a copy's exp_name
+    method: str  # the run's label (script_contract.run_label): its method, or a copy's exp_name
     seed: int
     step: int
     script: object
@@ -101,13 +102,13 @@ def load_agents(run_dir: Path) -> list[Agent]:
         script, args, params, header = load_agent(path)
         label = run_label(header, run_dir.name)
         agent = Agent(f"{label} ({run_dir.name})", label, header["seed"], header["step"], script, args, params)
-        require_names(script, play_names(script), "results.analyze", str(path))
+        require_names(script, play_names(script), __spec__.name, str(path))
         agents.append(agent)
     return agents
 
 
 def has_psi(agent: Agent) -> bool:
-    return contract.has_psi(agent.script)
+    return script_contract.has_psi(agent.script)
 
 
 def has_learned_phi(agent: Agent) -> bool:
@@ -254,7 +255,7 @@ PER_SEED_FIELDS = ("method", "seed", "step", "gpi", "split", "task", "episodes",
 def write_per_seed(runs: dict[str, list[dict]], path: Path) -> None:
     """per_seed.csv: per method, seed and task, the mean return of the greedy episodes and, for learned cumulants,
     the mean |phi . w - r| and (phi . w - r)^2 over their transitions (Table A's errors per seed, on every task, so
-    that intervals over seeds can be drawn: results.claims)."""
+    that intervals over seeds can be drawn: tools.claims)."""
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, PER_SEED_FIELDS)
         writer.writeheader()
@@ -301,13 +302,6 @@ def pickup_table(counts: dict[str, np.ndarray], tasks: np.ndarray) -> list[str]:
     return lines
 
 
-def seed_response(record: dict, counterfactual: bool = False) -> dict[str, float]:
-    """RESPONSE's means of one seed's record (common.run.response_sums over its train tasks)."""
-    r = record["response"]
-    sums = r["sums_counterfactual" if counterfactual else "sums"]
-    return response_means(response_sums(sums, r["counts"], parse_tasks(";".join(r["tasks"]))))
-
-
 def pooled_seed_response(records: list[dict], counterfactual: bool = False) -> tuple[dict, dict]:
     """RESPONSE over a method's seeds: ({name: mean over all seeds' pickups}, {name: pickups behind it})."""
     r0 = records[0]["response"]
@@ -341,7 +335,7 @@ def response_table(runs: dict[str, list[dict]]) -> list[str]:
         if "response" not in records[0]:
             continue
         for counterfactual in (False, True):
-            per_seed = [seed_response(r, counterfactual) for r in records]
+            per_seed = [record_response(r, counterfactual) for r in records]
             _, pickups = pooled_seed_response(records, counterfactual)
             lines.append(f"| {name} | {'0 (counterfactual)' if counterfactual else 'as played'} | "
                          + " | ".join(spread([s[n] for s in per_seed]) for n in RESPONSE)
@@ -524,7 +518,7 @@ def plot_activity(activity: dict[str, tuple], task: np.ndarray, path: Path) -> N
 def main(args: Args) -> None:
     require(args.run_dirs or args.records, "name at least one run directory (or --records: earlier analyses)")
     for d in args.run_dirs:
-        require(run_env(Path(d)) == "babyai", f"{d} is a {run_env(Path(d))} run; results.analyze handles BabyAI runs "
+        require(run_env(Path(d)) == "babyai", f"{d} is a {run_env(Path(d))} run; tools.analyze handles BabyAI runs "
                                               "only so far")
     require(args.episodes > 0, f"--episodes must be positive, got {args.episodes}")
     require(args.gpi in ("on", "off"), f"--gpi must be on or off, got {args.gpi!r}")
@@ -557,7 +551,7 @@ def main(args: Args) -> None:
 def read_records(folder: Path) -> list[dict]:
     """The seed records of an earlier analysis (its records.json), named by their method."""
     path = folder / "records.json"
-    require(path.exists(), f"--records: {path} does not exist; pass folders that results.analyze wrote")
+    require(path.exists(), f"--records: {path} does not exist; pass folders that tools.analyze wrote")
     return [r | {"name": r["method"]} for r in json.loads(path.read_text())]
 
 

@@ -1,4 +1,4 @@
-"""How results.protocol runs its training runs: as SLURM jobs through submitit, or on this machine.
+"""How tools.protocol runs its training runs: as SLURM jobs through submitit, or on this machine.
 
 A run is a script's command and its run directory. Started anew it gets the command as is; a directory that holds a
 run's settings or checkpoint gets `--resume` (the scripts continue exactly from their checkpoint, and a run stopped
@@ -36,7 +36,8 @@ from pathlib import Path
 
 import submitit
 
-ROOT = Path(__file__).resolve().parent.parent
+from common.run import ROOT
+
 SINGLE_THREADED = "--xla_cpu_multi_thread_eigen=false"
 """XLA_FLAGS of a seed's run pinned to one core (XLA:CPU's ops stay on its thread)"""
 LIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
@@ -70,7 +71,7 @@ def run_environment(run: Run, device: str | None = None, cpu_core: bool = False)
     threaded (the pinning itself is taskset's).
 
     The protocol's runs share one cache of compiled programs (the folder .xla_cache beside their logs, which the
-    OUT_DIR/*/ of the results tools' commands does not match; JAX_COMPILATION_CACHE_DIR names another): a method's
+    OUT_DIR/*/ of the tools' commands does not match; JAX_COMPILATION_CACHE_DIR names another): a method's
     seeds run the same programs, so only its first seed compiles them (on a CPU core ~50 s of a miniature BabyAI
     seed's start). A cached program is the same executable, so the results do not change; an entry that a run reads
     while another still writes it is compiled again (JAX warns)."""
@@ -225,7 +226,7 @@ def share_niceness(pid: int) -> None:
     """Give the session of process `pid` (a run: a session of its own) this process's niceness.
 
     Linux kernels that schedule each session as a group (autogroup, on by default in many distributions) share a core
-    between sessions by the session's niceness, not its processes': a run inherits `nice python -m results.protocol`'s
+    between sessions by the session's niceness, not its processes': a run inherits `nice python -m tools.protocol`'s
     niceness, but as a session of its own it would still take an equal share of the cores from the machine's other
     work. Where the kernel has no such groups there is nothing to do (the file is missing)."""
     niceness = os.nice(0)

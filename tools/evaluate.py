@@ -1,6 +1,6 @@
 """Greedy returns of a saved agent on any task vectors, with and without GPI, per seed, as eval.csv rows.
 
-    python -m results.evaluate RUN_DIR --tasks "1,1,0,0;-1,1,-1,1" --episodes 40 [--gpi both|on|off] [--out FILE]
+    python -m tools.evaluate RUN_DIR --tasks "1,1,0,0;-1,1,-1,1" --episodes 40 [--gpi both|on|off] [--out FILE]
 
 Any run of any script: BabyAI, Fruitbot and MiniHack (task vectors of the run's env; on the host envs every episode
 is played on a fresh, unrestricted level, as the runs' own evaluations are).
@@ -30,9 +30,9 @@ import tyro
 from common.envs import babyai
 from common.run import (EVAL_FIELDS, ConfigError, evaluation_parts, exit_on_config_error, format_task, load_script,
                         require)
-from results.compact import open_params
-from results.contract import EVALUATE, has_psi, require_names
-from results.summarize import recorded_env, tasks_of_env
+from tools.compact_agents import open_params
+from tools.script_contract import EVALUATE, has_psi, require_names
+from tools.summarize import recorded_env, tasks_of_env
 
 MSFA_SCRIPTS = {"babyai": "msfa_babyai", "fruitbot": "msfa_fruitbot", "minihack": "msfa_minihack"}
 BASELINE_SCRIPTS = {"USFA": "usfa", "UVFA": "uvfa", "UVFA-FARM": "uvfa", "MVFA": "uvfa"}  # one script per family, --env
@@ -54,6 +54,10 @@ class Args:
     """seed of the evaluation episodes (a run's own evaluation at step S used 10000 + S)"""
     out: str | None = None
     """write the rows to this CSV file instead of stdout"""
+    truncate_task_input: bool = False
+    """play with the task input truncated to integers, as the authors' environment fed it to the agent (int32(w):
+    [-.5,1,-.5,-.5] is seen as the train task [0,1,0,0]); the rewards use the true w. BabyAI runs (their scripts'
+    --truncate-task-input)"""
 
 
 def parse_tasks(text: str, train=babyai.TRAIN_TASKS, test=babyai.TEST_TASKS) -> np.ndarray:
@@ -77,7 +81,7 @@ def parse_tasks(text: str, train=babyai.TRAIN_TASKS, test=babyai.TEST_TASKS) -> 
 
 
 def params_files(run_dir: Path) -> list[Path]:
-    """A run's parameter files, params_seed<N>.eqx (or their compact form .eqz, results/compact.py), in seed order;
+    """A run's parameter files, params_seed<N>.eqx (or their compact form .eqz, tools/compact_agents.py), in seed order;
     one line if there are none."""
     require(run_dir.is_dir(), f"{run_dir} is not a directory: no params_seed<N>.eqx there; pass a run directory that "
                               "has evaluated at least once")
@@ -87,7 +91,7 @@ def params_files(run_dir: Path) -> list[Path]:
     seeds = [p.stem for p in files]
     for twice in sorted({s for s in seeds if seeds.count(s) > 1})[:1]:
         require(False, f"{run_dir} holds both {twice}.eqx and {twice}.eqz: keep one (the .eqx is the newer if the run "
-                       "went on after results.compact)")
+                       "went on after tools.compact_agents)")
     return files
 
 
@@ -106,7 +110,7 @@ def load_agent(path: Path):
             env = recorded_env(header)
             require(env in MSFA_SCRIPTS, f"{path}: unknown environment {env!r}")
             script = importlib.import_module(MSFA_SCRIPTS[env] if family == "MSFA" else BASELINE_SCRIPTS[family])
-        require_names(script, EVALUATE, "every results tool that loads agents", str(path))
+        require_names(script, EVALUATE, "every tool that loads agents", str(path))
         fields = {f.name for f in dataclasses.fields(script.Args)}
         args = script.Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in header["args"].items()
                               if k in fields})
@@ -120,7 +124,7 @@ def load_agent(path: Path):
 
 
 def greedy_step(script, net, to_input, policies, use_gpi: bool, image, w, prev_action, prev_reward, state):
-    """One step of a script's evaluation policy, with what it computed on the way (results.analyze and results.video
+    """One step of a script's evaluation policy, with what it computed on the way (tools.analyze and tools.video
     replay evaluation episodes through it): the core's step on the stored observation (to_input: what core_step
     takes), the greedy action of max_z psi(s, a, z) . w over `policies` (GPI) or of Q(s, a; w), that action's value,
     the policy z* GPI followed (w without GPI), psi_c(s, a, z*) w_c per cumulant c (zeros for agents without
@@ -164,6 +168,10 @@ def main(args: Args) -> None:
         settings = tuple(g for g in script.GPI_SETTINGS if args.gpi == "both" or g == (args.gpi == "on"))
         require(settings, f"{header['method']} has no GPI: use --gpi off or both")
         run_args = dataclasses.replace(run_args, eval_episodes=args.episodes)
+        if args.truncate_task_input:
+            require(hasattr(run_args, "truncate_task_input"), f"{header['method']}'s script has no "
+                                                              "--truncate-task-input (BabyAI's scripts do)")
+            run_args = dataclasses.replace(run_args, truncate_task_input=True)
         returns = play(script, run_args, params, tasks, settings,
                        jax.random.fold_in(jax.random.PRNGKey(args.seed), header["seed"]))
         for g, returns_of_setting in zip(settings, returns):

@@ -1,6 +1,6 @@
 """Figures of runs' evaluations (PNG, matplotlib): learning curves, and per-test-task returns next to references.
 
-    python -m results.plot results/babyai/comparison/* --out results/babyai/figures [--reference-episodes 100]
+    python -m tools.plot results/babyai/comparison/* --out results/babyai/figures [--reference-episodes 100]
 
 - learning_curves.png: mean greedy return over the train tasks (without GPI), over the test tasks with GPI where the
   method has it, and (when a run has GPI) over the test tasks without GPI for every method, against env steps: the
@@ -17,6 +17,9 @@
   logs for the train tasks) from metrics.csv, pooled over windows of --actor-window rows (weighted by the rows'
   episode counts where metrics.csv has them), mean and --interval over seeds; for MiniHack with random play's success on
   the training levels as the reference.
+- cumulant_response.png (methods that learn phi): the learned cumulants' response at every evaluation, from
+  eval.csv (phi^i at own-category and other categories' pickups, rewarded and not: docs/cumulants.md), mean and
+  --interval over seeds.
 - aggregate.png (beyond the paper, since seeds are few): the interquartile mean over seeds x test tasks of the
   oracle-normalised return, (R - random) / (oracle - random), with 95% stratified-bootstrap confidence intervals
   (rliable; each method's draws seeded, so the figure is reproducible); raw returns when --reference-episodes is 0.
@@ -38,9 +41,10 @@ import tyro
 from scipy import stats
 
 from common.envs.babyai import bfs_oracle_returns, random_policy_returns
-from common.run import exit_on_config_error, format_task, open_table, require, table_path
-from results.compare import label, read_eval
-from results.summarize import babyai_room, env_tasks, pooled_return, run_env
+from common.run import RESPONSE, exit_on_config_error, format_task, open_table, require, table_path
+from tools.compare_runs import label, read_eval
+from tools.run_reader import RunReader, response_curve
+from tools.summarize import babyai_room, env_tasks, pooled_return, run_env
 
 
 @dataclass
@@ -183,6 +187,8 @@ def main(args: Args) -> None:
         written.append("gpi_ablation.png")
     aggregate(plt, tables, step, test_tasks, references, out / "aggregate.png")
     written.append("aggregate.png")
+    if response_curves(plt, runs, out / "cumulant_response.png", colours, args.interval):
+        written.append("cumulant_response.png")
     with_metrics = [d for d in runs if table_path(d / "metrics.csv").exists()]
     if with_metrics:
         actor_references = None
@@ -196,6 +202,45 @@ def main(args: Args) -> None:
                      out / "actors.png", colours, args.interval)
         written.append("actors.png")
     print(f"wrote {', '.join(str(out / f) for f in written)} (step {step:,})")
+
+
+def response_curves(plt, runs: list[Path], path: Path, colours: dict, interval: str) -> bool:
+    """cumulant_response.png: the learned cumulants' response at every evaluation (eval.csv; common.run.RESPONSE),
+    one panel per summary, mean and `interval` over seeds (each seed's value pooled over the train tasks' pickups).
+    Whether any run had one to draw (methods that learn phi, runs that recorded it)."""
+    readers = {d: RunReader(d) for d in runs}
+    shown = {d: r for d, r in readers.items() if r.response()}
+    if not shown:
+        return False
+    titles = {"own_rewarded": "own category, rewarded pickups", "own_unrewarded": "own category, unrewarded pickups",
+              "crosstalk": "crosstalk c: other categories' rewarded pickups",
+              "cross_unrewarded": "other categories, unrewarded pickups"}
+    fig, axes = plt.subplots(1, len(RESPONSE), figsize=(5.2 * len(RESPONSE), 3.9), sharex=True, sharey=True)
+    for ax, name in zip(axes, RESPONSE):
+        for d, reader in shown.items():
+            steps, values = response_curve(reader, name)
+            mean, half = [], []
+            for row in values:
+                kept = row[~np.isnan(row)]
+                m, h = mean_spread(kept, interval) if len(kept) else (np.nan, 0.0)
+                mean.append(m)
+                half.append(h)
+            mean, half = np.array(mean), np.array(half)
+            ax.plot(steps, mean, color=colours[d], label=f"{label(d)} ({values.shape[1]} seed(s))")
+            ax.fill_between(steps, mean - half, mean + half, color=colours[d], alpha=0.2)
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.axhline(1, color="grey", lw=0.8, ls=":")
+        ax.set_title(f"phi^i at {titles[name]}", fontsize=9)
+        ax.set_xlabel("env steps per seed")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("mean phi^i (train tasks, acting on w)")
+    axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle("The learned cumulants' response over training (category detector: 1, 1, 0, 0; reward detector: "
+                 f"1, 0, 1, 0; {INTERVAL_TEXT[interval]})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def fruitbot_random_returns(run_dir: Path, train_tasks, test_tasks, episodes: int, training_levels: bool = False):
@@ -227,7 +272,7 @@ def minihack_random_success(run_dir: Path, train_tasks, test_tasks, episodes: in
 
 def actor_returns_per_window(metrics_csv: Path, train_tasks, window: int) -> dict:
     """seed -> (window end steps [W], returns [W, tasks]): the training actors' return per train task, pooled over
-    each `window` consecutive metrics.csv rows (results.summarize.pooled_return: weighted by the rows' episodes)."""
+    each `window` consecutive metrics.csv rows (tools.summarize.pooled_return: weighted by the rows' episodes)."""
     with open_table(metrics_csv) as f:
         rows = list(csv.DictReader(f))
     names = [format_task(w) for w in train_tasks]

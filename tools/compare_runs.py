@@ -1,6 +1,6 @@
 """Markdown tables comparing runs: method x task, greedy return with GPI and without, at one evaluation step.
 
-    python -m results.compare results/babyai/comparison/* [--step 701440] [--split test]
+    python -m tools.compare_runs results/babyai/comparison/* [--step 701440] [--split test]
 
 Each cell is the mean over seeds of each seed's mean return at that step, ± the standard error over seeds. The step
 defaults to the latest one that every run has evaluated. Methods without GPI (the UVFA family) are left out of the
@@ -19,8 +19,8 @@ import numpy as np
 import tyro
 
 from common.run import exit_on_config_error, format_task, open_table, require, table_path
-from results.contract import run_label
-from results.summarize import env_tasks, mean_se
+from tools.script_contract import run_label
+from tools.summarize import env_tasks, mean_se
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Args:
 
 
 def label(run_dir: Path) -> str:
-    """The run's name in tables and figures (results.contract.run_label: the method's name for the repository's
+    """The run's name in tables and figures (tools.script_contract.run_label: the method's name for the repository's
     scripts, the exp_name for a copy; older runs without a config.json: the directory's name)."""
     config = run_dir / "config.json"
     return run_label(json.loads(config.read_text()) if config.exists() else {}, run_dir.name)

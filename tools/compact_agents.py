@@ -1,8 +1,8 @@
 """Saved agents in a compact form that loads exactly: params_seed<N>.eqx -> params_seed<N>.eqz.
 
-    python -m results.compact RUN_DIR [RUN_DIR ...]     # each params_seed<N>.eqx becomes params_seed<N>.eqz
+    python -m tools.compact_agents RUN_DIR [RUN_DIR ...]     # each params_seed<N>.eqx becomes params_seed<N>.eqz
 
-Every results tool reads either form (`open_params`), and the .eqz gives back the .eqx byte for byte (its SHA-256 is
+Every tool reads either form (`open_params`), and the .eqz gives back the .eqx byte for byte (its SHA-256 is
 checked on every load), so a compacted agent plays exactly as the trained one. The repository commits its agents this
 way (results/*/README.md); a run writes plain .eqx files.
 
@@ -58,6 +58,18 @@ def decompress(eqz_bytes: bytes, origin: str = "") -> bytes:
     require(hashlib.sha256(body).hexdigest() == about["sha256"],
             f"{origin} is damaged: its parameters do not match their SHA-256; get the file again (git checkout)")
     return header + b"\n" + body
+
+
+def portable_header(data: bytes) -> bytes:
+    """A parameter file's bytes (.eqx or .eqz) with its header's run directory as "." (the file's folder), as runs
+    write it now: older ones named the folder of the machine they ran on. The parameters are untouched (the .eqz's
+    SHA-256 covers them alone)."""
+    header, newline, rest = data.partition(b"\n")
+    meta = json.loads(header)
+    if meta.get("args", {}).get("run_dir", ".") == ".":
+        return data
+    meta["args"]["run_dir"] = "."
+    return json.dumps(meta).encode() + newline + rest
 
 
 def open_params(path: Path):

@@ -1,6 +1,6 @@
 """Watch a saved agent: one greedy episode as an animated GIF, with what the agent computed at every step.
 
-    python -m results.video RUN_DIR --task "-1,1,0,1" [--gpi on|off] [--seed N] --out agent.gif
+    python -m tools.video RUN_DIR --task "-1,1,0,1" [--gpi on|off] [--seed N] --out agent.gif
 
 Any run of any script, on any env: BabyAI as the whole room seen from above (the minigrid twin's full render, the
 agent's field of view highlighted) beside the agent's own 5x5 view; Fruitbot from its 64x64 frames (the agent sees
@@ -14,7 +14,7 @@ the 64x64 resize). Under each frame:
   GPI z* = w), and each module's contribution psi^k(s, a, z*) . w^k to the chosen action's value Q(s, a): the
   contributions sum to Q. USFA's contributions are per cumulant; the UVFA family has no psi and shows Q alone.
 
-The episode is the one the run's own evaluation plays for that task, seed and key: `results.evaluate RUN_DIR --tasks
+The episode is the one the run's own evaluation plays for that task, seed and key: `tools.evaluate RUN_DIR --tasks
 W --episodes 1 --seed S` returns the same return (tests/test_video.py checks it). The agent is one seed's parameter
 file (params_seed<N>.eqx, written at every evaluation), rebuilt with the script that trained it.
 """
@@ -31,9 +31,9 @@ import numpy as np
 import tyro
 
 from common.run import exit_on_config_error, format_task, require
-from results.contract import has_psi, play_names, require_names
-from results.evaluate import greedy_step, load_agent, params_files, parse_tasks
-from results.summarize import recorded_env, tasks_of_env
+from tools.script_contract import has_psi, play_names, require_names
+from tools.evaluate import greedy_step, load_agent, params_files, parse_tasks
+from tools.summarize import recorded_env, tasks_of_env
 
 CATEGORY_NAMES = {
     "babyai": ("red ball", "blue ball", "green key", "yellow box"),
@@ -56,7 +56,7 @@ class Args:
     gpi: str = "on"
     """on: GPI over the run's GPI support (the SF methods' evaluation policy); off: act on w (the UVFA family: off)"""
     seed: int = 0
-    """seed of the episode (results.evaluate's --seed; a run's own evaluation at step S used 10000 + S)"""
+    """seed of the episode (tools.evaluate's --seed; a run's own evaluation at step S used 10000 + S)"""
     run_seed: int | None = None
     """which of the run's seeds to watch (params_seed<N>.eqx); default: the first"""
     max_steps: int = 400
@@ -264,7 +264,7 @@ def record_episode(run_dir: Path, task: str, gpi: str = "on", seed: int = 0, run
     env_name = recorded_env(header)
     host = env_name == "minihack" or (env_name == "fruitbot" and getattr(args, "env_backend", "jax") == "procgen")
     host_env = ("make_env",) if host else ()
-    require_names(script, play_names(script) + ("make_setup",) + host_env, "results.video", str(path))
+    require_names(script, play_names(script) + ("make_setup",) + host_env, __spec__.name, str(path))
     train, test = tasks_of_env(env_name)
     tasks = parse_tasks(task, train, test)
     require(len(tasks) == 1, f"--task takes one task vector, got {len(tasks)} ({task!r})")
@@ -272,7 +272,7 @@ def record_episode(run_dir: Path, task: str, gpi: str = "on", seed: int = 0, run
     require(not use_gpi or has_psi(script), f"{header['method']} has no successor features, so no GPI: use --gpi off")
     w = tasks[0]
     setup = script.make_setup(args)
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), header["seed"])  # results.evaluate's key of this seed
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), header["seed"])  # tools.evaluate's key of this seed
     if host:
         trace = play_host(script, setup, args, params, w, use_gpi, key, max_steps, env_name)
     elif env_name == "fruitbot":
