@@ -28,8 +28,8 @@ import numpy as np
 import tyro
 
 from common.envs import babyai
-from common.run import (EVAL_FIELDS, ConfigError, evaluation_parts, exit_on_config_error, format_task, load_script,
-                        require)
+from common.run import (EVAL_FIELDS, ConfigError, evaluation_parts, evaluation_rows, exit_on_config_error,
+                        format_task, load_script, require)
 from tools.compact_agents import open_params
 from tools.script_contract import EVALUATE, has_psi, require_names
 from tools.summarize import recorded_env, tasks_of_env
@@ -143,12 +143,17 @@ def greedy_step(script, net, to_input, policies, use_gpi: bool, image, w, prev_a
     return action, q[action], z[chosen], psi[chosen] * w, state
 
 
-def play(script, run_args, params, tasks: np.ndarray, settings: tuple, key) -> np.ndarray:
-    """The script's evaluation of the GPI settings asked for: returns [settings, tasks, episodes]. Each setting keeps
-    its own keys, so --gpi off gives the rows of --gpi both's off setting at half the cost."""
+def play_evaluation(script, run_args, params, tasks: np.ndarray, settings: tuple, key):
+    """The script's evaluation of the GPI settings asked for, as it returns it: the returns [settings, tasks,
+    episodes], or an Evaluation holding them and the cumulant response. Each setting keeps its own keys, so --gpi off
+    gives the rows of --gpi both's off setting at half the cost."""
     setup = script.make_setup(run_args)
-    out = script.make_evaluate(setup, run_args, tasks, gpi_settings=settings)(params, key)
-    return np.asarray(evaluation_parts(out).returns)  # (a script's Evaluation also holds the cumulant response)
+    return script.make_evaluate(setup, run_args, tasks, gpi_settings=settings)(params, key)
+
+
+def play(script, run_args, params, tasks: np.ndarray, settings: tuple, key) -> np.ndarray:
+    """The returns [settings, tasks, episodes] of play_evaluation."""
+    return np.asarray(evaluation_parts(play_evaluation(script, run_args, params, tasks, settings, key)).returns)
 
 
 @exit_on_config_error
@@ -172,14 +177,10 @@ def main(args: Args) -> None:
             require(hasattr(run_args, "truncate_task_input"), f"{header['method']}'s script has no "
                                                               "--truncate-task-input (BabyAI's scripts do)")
             run_args = dataclasses.replace(run_args, truncate_task_input=True)
-        returns = play(script, run_args, params, tasks, settings,
-                       jax.random.fold_in(jax.random.PRNGKey(args.seed), header["seed"]))
-        for g, returns_of_setting in zip(settings, returns):
-            for w, r in zip(tasks, returns_of_setting):
-                rows.append({"step": header["step"], "seed": header["seed"],
-                             "split": "train" if format_task(w) in train else "test", "task": format_task(w),
-                             "gpi": g, "episodes": len(r), "return_mean": float(r.mean()),
-                             "return_std": float(r.std())})
+        out = play_evaluation(script, run_args, params, tasks, settings,
+                              jax.random.fold_in(jax.random.PRNGKey(args.seed), header["seed"]))
+        is_train = [format_task(w) in train for w in tasks]  # (the response is read on the train tasks' rows)
+        rows += evaluation_rows(out, header["seed"], header["step"], tasks, is_train, settings)
     out = open(args.out, "w", newline="") if args.out else sys.stdout
     writer = csv.DictWriter(out, EVAL_FIELDS)
     writer.writeheader()

@@ -300,23 +300,32 @@ def evaluation_parts(out) -> Evaluation:
     return out if isinstance(out, Evaluation) else Evaluation(out)
 
 
+def evaluation_rows(out, seed: int, step: int, tasks, is_train, gpi_settings) -> list[dict]:
+    """eval.csv rows of one seed's evaluation (an evaluate's output: returns, or an Evaluation): mean and std of the
+    greedy return per task and GPI setting, and where measured the cumulant response on the train tasks' rows
+    acting on w. is_train [tasks]: which of `tasks` are train tasks."""
+    out = evaluation_parts(out)
+    returns = np.asarray(out.returns)
+    rows = []
+    for g_index, g in enumerate(gpi_settings):
+        for t, w in enumerate(tasks):
+            r = returns[g_index, t]
+            row = {"step": step, "seed": seed, "split": "train" if is_train[t] else "test", "task": format_task(w),
+                   "gpi": g, "episodes": len(r), "return_mean": float(r.mean()), "return_std": float(r.std())}
+            if out.response_sums is not None and g == 0 and is_train[t]:
+                row |= response_columns(out.response_sums[t], out.response_counts[t], w)
+            rows.append(row)
+    return rows
+
+
 def eval_rows(evaluate, params, seeds: list[int], step: int, tasks, num_train: int, gpi_settings) -> list[dict]:
-    """eval.csv rows of every seed: mean and std of the greedy return per task and GPI setting, and, where the
-    evaluation measures it, the cumulant response on the train tasks' rows acting on w. evaluate(params of one seed,
-    key) -> returns [gpi settings, tasks, episodes] (or an Evaluation); seed s at step S plays with key
-    fold_in(PRNGKey(10000 + S), s), which `tools.evaluate --seed 10000+S` replays."""
+    """eval.csv rows of every seed (evaluation_rows). evaluate(params of one seed, key) -> returns [gpi settings,
+    tasks, episodes] (or an Evaluation); seed s at step S plays with key fold_in(PRNGKey(10000 + S), s), which
+    `tools.evaluate --seed 10000+S` replays."""
     eval_key = jax.random.PRNGKey(10_000 + step)
+    is_train = [t < num_train for t in range(len(tasks))]
     rows = []
     for i, seed in enumerate(seeds):
-        out = evaluation_parts(evaluate(jax.tree.map(lambda x: x[i], params), jax.random.fold_in(eval_key, seed)))
-        returns = np.asarray(out.returns)
-        for g_index, g in enumerate(gpi_settings):
-            for t, w in enumerate(tasks):
-                r = returns[g_index, t]
-                row = {"step": step, "seed": seed, "split": "train" if t < num_train else "test",
-                       "task": format_task(w), "gpi": g, "episodes": len(r), "return_mean": float(r.mean()),
-                       "return_std": float(r.std())}
-                if out.response_sums is not None and g == 0 and t < num_train:
-                    row |= response_columns(out.response_sums[t], out.response_counts[t], w)
-                rows.append(row)
+        out = evaluate(jax.tree.map(lambda x: x[i], params), jax.random.fold_in(eval_key, seed))
+        rows += evaluation_rows(out, seed, step, tasks, is_train, gpi_settings)
     return rows

@@ -97,10 +97,16 @@ BLIND = "_blind"
 """<method>_blind is the method with --reward-input off: its recurrent core cannot read the reward, so neither can
 cumulants learned from its state (docs/cumulants.md); e.g. msfa_blind, usfa_learned_blind. Named with --methods; the
 default methods are the paper's."""
-PAPER_METHODS = {env: tuple(methods) for env, methods in METHODS.items()}
-"""each env's methods as the paper has them, in its order: what a protocol runs when --methods names none"""
 for _methods in METHODS.values():
     _methods.update({name + BLIND: command + " --reward-input off" for name, command in list(_methods.items())})
+
+
+def paper_methods(env: str) -> tuple[str, ...]:
+    """An env's methods as the paper has them, in its order (not the reward-blind forms): what a protocol runs when
+    --methods names none."""
+    return tuple(name for name in METHODS[env] if not name.endswith(BLIND))
+
+
 SCALES = {
     "paper": {},
     # The miniature BabyAI: the paper's methods, losses, n-step, replay ratio, batch, optimiser, epsilon schedule and
@@ -463,12 +469,12 @@ def resolve(args: Args, env: str | None = None) -> Args:
     unknown = [m for m in args.methods if m not in known]
     require(not unknown, f"unknown methods {unknown} for --env {env}; choose from {', '.join(known)}")
     require(args.seeds is None or args.seeds > 0, f"--seeds must be positive, got {args.seeds}")
-    stray = sorted(set(method_seeds(args)) - set(args.methods or PAPER_METHODS[env]))  # (each entry checked)
+    stray = sorted(set(method_seeds(args)) - set(args.methods or paper_methods(env)))  # (each entry checked)
     require(not stray, f"--method-seeds names methods this protocol does not run: {stray}")
     require(args.env_workers > 0 and args.analysis_episodes > 0,
             "--env-workers and --analysis-episodes must be positive")
     require(len(set(args.devices)) == len(args.devices), f"--devices repeats a device: {' '.join(args.devices)}")
-    args = dataclasses.replace(args, methods=args.methods or PAPER_METHODS[env])
+    args = dataclasses.replace(args, methods=args.methods or paper_methods(env))
     if args.seeds_apart is None:
         import jax
 
