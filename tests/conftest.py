@@ -27,6 +27,7 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 SLOW = {  # test file -> the tests (names, parametrisations aside) in the slow tier, or "*" for all of them
     # whole files: trained runs and what reads them
     "test_learning.py": "*",  # MSFA trained until it learns
+    "test_first_run.py": "*",  # the README's first run, as written
     "test_slurm.py": "*",  # a one-node SLURM cluster
     "test_scale.py": "*",  # the protocol's real runs, killed and resumed
     "test_copy_and_modify.py": "*",  # copies trained tiny, then every tool on them
@@ -109,7 +110,7 @@ minutes on 2 cores; `pytest --exhaustive` adds them (run it before changing what
 an env backend, a FARM backend). A test named on the command line (file::test) always runs."""
 
 
-LONGEST_FIRST = ("test_scale.py", "test_learning.py", "test_fruitbot_jax.py", "test_msfa_fruitbot.py",
+LONGEST_FIRST = ("test_scale.py", "test_learning.py", "test_first_run.py", "test_fruitbot_jax.py", "test_msfa_fruitbot.py",
                  "test_learners.py", "test_msfa_minihack.py", "test_runs.py", "test_copy_and_modify.py",
                  "test_slurm.py", "test_analyze.py", "test_fruitbot_baselines.py", "test_fruitbot_replay.py",
                  "test_minihack_baselines.py", "test_farm_kernels.py", "test_video.py", "test_babyai_equivalence.py")

@@ -172,3 +172,50 @@ def test_a_run_with_two_rows_for_one_evaluation_is_refused_with_one_line(protoco
         claims.main(claims.Args(out_dir=str(protocol)))
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(err) == 1 and "has two rows for seed 3" in err[0]
+
+
+def write_records(run, response_by_seed):
+    """analysis/records.json with each seed's cumulant response: response_by_seed[s] = (c, own_unrewarded), built as
+    response matrices of the train tasks (each task: 10 rewarded pickups of its category, 5 of every other)."""
+    records = []
+    for seed, (c, own_unrewarded) in enumerate(response_by_seed, 1):
+        sums, counts = np.zeros((4, 4, 4)), np.zeros((4, 4))
+        for k in range(4):
+            for j in range(4):
+                counts[k, j] = 10 if j == k else 5
+                phi = np.zeros(4)
+                phi[j] = counts[k, j] * (1.0 if j == k else own_unrewarded)  # phi^j at its own category's pickups
+                if j == k:
+                    phi[[i for i in range(4) if i != k]] = counts[k, j] * c  # the rewarded pickup's crosstalk
+                sums[k, j] = phi
+        records.append({"seed": seed, "response": {"tasks": [format_task(w) for w in TRAIN_TASKS],
+                                                   "sums": sums.tolist(), "counts": counts.tolist(),
+                                                   "sums_counterfactual": np.zeros_like(sums).tolist()}})
+    (run / "analysis").mkdir(exist_ok=True)
+    (run / "analysis" / "records.json").write_text(json.dumps(records))
+
+
+def test_the_cumulants_table_gpis_cost_and_both_forms(protocol):
+    """The response per seed from the analysis' records, GPI's cost on the train tasks from eval.csv (acting on w
+    minus GPI), and every comparison again between the reward-blind forms and each form against the other."""
+    write_records(protocol / "msfa", [(0.9, 0.1), (0.8, 0.0), (1.0, 0.2)])
+    write_method(protocol, "msfa_blind", "MSFA (reward-blind)",
+                 {("train", 0): [11, 12, 13], ("train", 1): [11, 12, 12], ("test", 1): [12, 13, 14],
+                  ("test", 0): [5, 6, 7]})
+    write_records(protocol / "msfa_blind", [(0.0, 1.0), (0.02, 0.98), (0.01, 1.0)])
+    write_method(protocol, "usfa_learned_blind", "USFA (learned cumulants, reward-blind)",
+                 {("train", 0): [10, 10, 10], ("test", 1): [11, 11, 11], ("test", 0): [1, 2, 3]})
+    _, values = claims.per_seed_measures(protocol / "msfa_blind")
+    assert values["crosstalk"] == pytest.approx({1: 0.0, 2: 0.02, 3: 0.01})
+    assert values["own_unrewarded"] == pytest.approx({1: 1.0, 2: 0.98, 3: 1.0})
+    assert values["crosstalk_counterfactual"] == pytest.approx({1: 0, 2: 0, 3: 0})
+    assert values["gpi_cost_train"] == pytest.approx({1: 0, 2: 0, 3: 1})  # (each task's +-0.1 spread cancels)
+    text = "\n".join(claims.claims(protocol))
+    rows = table_rows(text.split("## The learned cumulants' response")[1].split("\n## ")[0])
+    # seeds, own rewarded, own unrewarded, crosstalk c, cross unrewarded, c with the reward 0, GPI's cost
+    assert rows["MSFA"][0] == "3" and rows["MSFA"][2].startswith("0.100") and rows["MSFA"][3].startswith("0.900")
+    assert rows["MSFA (reward-blind)"][3].startswith("0.010") and rows["MSFA (reward-blind)"][6].startswith("0.33")
+    comparisons = table_rows(text.split("## The paper's comparisons")[1].split("\n## ")[0])
+    both = "MSFA beats USFA with learned cumulants on the test tasks (GPI) [both reward-blind]"
+    assert comparisons[both][2].startswith("2.00") and comparisons[both][3] == "holds"
+    assert comparisons["msfa: the reward-blind form beats the paper's (test, GPI)"][2].startswith("3.00")

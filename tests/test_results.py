@@ -309,3 +309,41 @@ def test_selection_judges_the_train_tasks_at_each_budget(tmp_path, monkeypatch, 
     with pytest.raises(SystemExit):
         select_settings.main(select_settings.Args(out_dirs=(str(out),), oracle_episodes=1, budgets=(1000,)))
     assert "--budgets 1,000 is beyond" in capsys.readouterr().err
+
+
+def test_the_cumulant_response_over_training_pools_each_evaluations_rows_and_is_drawn(tmp_path):
+    """eval.csv's response columns (common.run.RESPONSE_FIELDS) pooled per evaluation and seed, weighted by their
+    pickups (the run reader), and drawn by tools.plot; a run without them (an older one) draws none."""
+    from common.envs.babyai import TEST_TASKS, TRAIN_TASKS
+    from common.run import EVAL_FIELDS
+    from tools import plot
+    from tools.run_reader import RunReader, response_curve
+
+    run = tmp_path / "msfa"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"method": "MSFA", "args": {}}))
+    with (run / "eval.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, EVAL_FIELDS)
+        writer.writeheader()
+        for step in (10, 20):
+            for seed in (1, 2):
+                for split, tasks in (("train", TRAIN_TASKS), ("test", TEST_TASKS)):
+                    for t, w in enumerate(tasks):
+                        for g in (0, 1):
+                            row = {"step": step, "seed": seed, "split": split, "task": format_task(w), "gpi": g,
+                                   "episodes": 2, "return_mean": 1.0, "return_std": 0}
+                            if split == "train" and g == 0:  # task t: crosstalk t / 10 over t + 1 rewarded pickups
+                                row |= {"phi_own_rewarded": 1.0, "phi_own_unrewarded": 0.5, "phi_crosstalk": t / 10,
+                                        "phi_cross_unrewarded": 0.0, "pickups_rewarded": t + 1,
+                                        "pickups_unrewarded": 0 if t == 3 else 2}
+                            writer.writerow(row)
+    steps, crosstalk = response_curve(RunReader(run), "crosstalk")
+    assert steps.tolist() == [10, 20] and crosstalk.shape == (2, 2)
+    assert crosstalk[0, 0] == pytest.approx((0 * 1 + 0.1 * 2 + 0.2 * 3 + 0.3 * 4) / 10)  # weighted by the pickups
+    _, unrewarded = response_curve(RunReader(run), "own_unrewarded")
+    assert unrewarded[1, 1] == pytest.approx(0.5)  # (the task with no unrewarded pickups does not count)
+    older = fake_run(tmp_path, "older", "MSFA", (10, 20), (0, 1), 1.0)
+    plot.main(plot.Args(run_dirs=(str(run), older), out=str(tmp_path / "figures"), reference_episodes=0))
+    assert (tmp_path / "figures" / "cumulant_response.png").exists()
+    plot.main(plot.Args(run_dirs=(older,), out=str(tmp_path / "older_figures"), reference_episodes=0))
+    assert not (tmp_path / "older_figures" / "cumulant_response.png").exists()
