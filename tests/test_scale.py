@@ -60,8 +60,8 @@ FAKE = "tests/fake_training_run.py"  # writes a run's files step by step and sle
 
 def fake_methods(monkeypatch, **methods):
     monkeypatch.setitem(protocol.METHODS, "babyai", {name: f"{FAKE} {flags}" for name, flags in methods.items()})
-    monkeypatch.setattr(protocol, "device_name", lambda: "fake device")
-    monkeypatch.setattr(protocol, "ANALYSES", ())  # tools.analyze is tested on real runs (below)
+    monkeypatch.setattr(protocol.ledger, "device_name", lambda: "fake device")
+    monkeypatch.setattr(protocol.methods, "ANALYSES", ())  # tools.analyze is tested on real runs (below)
 
 
 def read_summary(out: Path) -> dict:
@@ -121,7 +121,7 @@ def test_a_stopped_protocol_keeps_what_the_analyses_said_and_names_the_seeds_lef
     analyses said), and a's status names its seeds left to run where the untouched b is "not started". Resumed and
     stopped again before anything is played, the earlier invocation's word stays."""
     fake_methods(monkeypatch, a="--total-timesteps 2 --seconds-per-step 0.05", b="--total-timesteps 2")
-    monkeypatch.setattr(protocol, "ANALYSES", ("babyai",))
+    monkeypatch.setattr(protocol.methods, "ANALYSES", ("babyai",))
 
     def played_then_ctrl_c(command, **kwargs):  # stands in for `python -m tools.analyze ... --out DIR`
         out_dir = Path(command[command.index("--out") + 1])
@@ -130,7 +130,7 @@ def test_a_stopped_protocol_keeps_what_the_analyses_said_and_names_the_seeds_lef
         os.kill(os.getpid(), signal.SIGINT)
         return subprocess.CompletedProcess(command, 0)
 
-    monkeypatch.setattr(protocol.subprocess, "run", played_then_ctrl_c)
+    monkeypatch.setattr(protocol.analysis.subprocess, "run", played_then_ctrl_c)
     out = tmp_path / "protocol"
     with pytest.raises(SystemExit) as stopped:
         protocol.main(protocol.Args(str(out), env="babyai", seeds=3, devices=("0",), analysis_episodes=1))
@@ -178,7 +178,7 @@ def test_a_protocol_that_dies_before_its_end_keeps_the_records_of_the_runs_it_fi
         raise RuntimeError("the machine restarted")
 
     with monkeypatch.context() as restart:
-        restart.setattr(protocol, "finish", machine_restarts)
+        restart.setattr(protocol.orchestration, "finish", machine_restarts)
         with pytest.raises(RuntimeError, match="restarted"):
             protocol.main(protocol.Args(str(out), env="babyai", seeds=1, analysis_episodes=1, seeds_apart=False))
     summary = read_summary(out)
@@ -279,7 +279,7 @@ def test_a_protocol_stopped_part_way_is_exported_without_checkpoints_and_continu
     from tools.export import export
 
     fake_methods(monkeypatch, a="--total-timesteps 2", b="--total-timesteps 2")
-    monkeypatch.setattr(protocol, "ANALYSES", ("babyai",))
+    monkeypatch.setattr(protocol.methods, "ANALYSES", ("babyai",))
     analysed = []
 
     def fake_analysis(command, **kwargs):  # stands in for `python -m tools.analyze ... --out DIR`
@@ -290,7 +290,7 @@ def test_a_protocol_stopped_part_way_is_exported_without_checkpoints_and_continu
         (out_dir / "records.json").write_text("[]")
         return subprocess.CompletedProcess(command, 0)
 
-    monkeypatch.setattr(protocol.subprocess, "run", fake_analysis)
+    monkeypatch.setattr(protocol.analysis.subprocess, "run", fake_analysis)
     out = tmp_path / "protocol"
     protocol.main(protocol.Args(str(out), env="babyai", seeds=3, devices=("0", "1"), analysis_episodes=1))
     assert sorted(analysed) == ["a", "a/seed1", "a/seed2", "a/seed3", "b", "b/seed1", "b/seed2", "b/seed3"]
@@ -397,7 +397,7 @@ def test_resume_takes_every_saved_setting_the_command_line_leaves_out(tmp_path):
              "seeds_apart": True}
     (out / "protocol.json").write_text(json.dumps(saved))
     resolved = protocol.resolve(protocol.Args(str(out), resume=True))
-    assert {k: getattr(resolved, k) for k in saved} == saved | {"methods": ("msfa",), "env": ("babyai",)}
+    assert {k: getattr(resolved, k) for k in saved} == saved | {"methods": ("msfa",)}
     with pytest.raises(ConfigError, match="these differ: --scale$"):
         protocol.resolve(protocol.Args(str(out), resume=True, scale="paper"))
 
@@ -507,7 +507,7 @@ def test_every_protocol_command_is_valid_for_its_script(env, scale):
     import tyro
 
     for name in protocol.METHODS[env]:
-        script, *flags = protocol.run_flags(protocol.Args("out", env=env, seeds=10, scale=scale), name)
+        script, *flags = protocol.run_flags(protocol.Protocol(Path("out"), env, seeds=10, scale=scale), name)
         module = importlib.import_module(Path(script).stem)
         args = tyro.cli(module.Args, args=[*flags, "--max-minutes", "1"])
         module.check_args(args)
@@ -538,7 +538,7 @@ def test_a_fruitbot_seed_count_that_cannot_fit_is_refused_before_anything_runs(t
     GiB per seed) leave room for one, and --seeds 2 is refused with one line, before any folder is made."""
     import common.envs.fruitbot  # noqa: F401  (procgen imports gym, whose banner on stderr is not the line checked)
 
-    monkeypatch.setattr(protocol, "device_memory_limit", lambda: 60 * GIB)
+    monkeypatch.setattr(protocol.settings, "device_memory_limit", lambda: 60 * GIB)
     assert protocol.resolve(protocol.Args(str(tmp_path / "states"), env="fruitbot")).seeds == 10
     assert protocol.replay_bytes_per_seed(protocol.resolve(protocol.Args(str(tmp_path / "s"), env="fruitbot"))) < (
         0.4 * GIB)

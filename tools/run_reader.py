@@ -3,7 +3,8 @@ as written or as tools.export packs them) and its saved agents, each parsed once
 
 A run directory is what a training script writes (docs/contract.md): config.json, metrics.csv, eval.csv, the
 parameter files params_seed<N>.eqx (or their compact .eqz), and, where tools.analyze played its agents,
-analysis/records.json. A protocol's merged run of seeds trained apart reads the same."""
+analysis/records.json. A protocol's merged run of seeds trained apart reads the same. What the protocol asks of a run
+while it trains (progress, complete) is read afresh at each call; the rest is parsed once."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.run import RESPONSE, open_table, pooled_response, require, response_means, response_sums, table_path
+from common.run import (RESPONSE, open_table, pooled_response, read_table, require, response_means, response_sums,
+                        table_path)
 
 
 @dataclass
@@ -31,6 +33,10 @@ class RunReader:
     @cached_property
     def config(self) -> dict:
         """config.json ({} where there is none)."""
+        return self._read_config()
+
+    def _read_config(self) -> dict:
+        """config.json as it is now ({} where there is none)."""
         file = self.path / "config.json"
         return json.loads(file.read_text()) if file.exists() else {}
 
@@ -70,13 +76,53 @@ class RunReader:
             out[step][seed] = pooled_response(group)
         return dict(out)
 
+    # ---- progress: read afresh at each call (the protocol asks while the run trains, and merges into it)
+    def progress(self) -> tuple[int, int | None]:
+        """(env steps per seed reached: the last metrics row, the protocol's total: config.json)."""
+        steps = 0
+        metrics = self.path / "metrics.csv"
+        if table_path(metrics).exists():
+            lines = read_table(metrics).splitlines()
+            steps = int(lines[-1].split(",")[0]) if len(lines) > 1 else 0
+        return steps, self._read_config().get("args", {}).get("total_timesteps")
 
-    # ---- analysis/records.json
+    def complete(self) -> bool:
+        """The run evaluated at (or past: whole iterations) its protocol's last step."""
+        _, total = self.progress()
+        evaluated = self.path / "eval.csv"
+        steps = ([int(line.split(",")[0]) for line in read_table(evaluated).splitlines()[1:]]
+                 if table_path(evaluated).exists() else [])
+        return bool(total and steps and max(steps) >= total)
+
+    # ---- saved agents and analysis/records.json
+    def saved_agents(self) -> list[Path]:
+        """The run's parameter files: params_seed<N>.eqx as written, or their compact .eqz (tools.compact_agents)."""
+        return sorted([*self.path.glob("params_seed*.eqx"), *self.path.glob("params_seed*.eqz")])
+
+    def analyzed(self) -> bool:
+        """tools.analyze finished on this run (it writes records.json last but for the figures)."""
+        return (self.path / "analysis" / "records.json").exists()
+
     @cached_property
     def records(self) -> list[dict]:
         """tools.analyze's seed records of this run (analysis/records.json; [] where it was not analysed)."""
         file = self.path / "analysis" / "records.json"
         return json.loads(file.read_text()) if file.exists() else []
+
+
+def complete(run_dir: Path) -> bool:
+    """RunReader(run_dir).complete(): for a caller that asks of one run once (the protocol, tools.export)."""
+    return RunReader(run_dir).complete()
+
+
+def saved_agents(run_dir: Path) -> list[Path]:
+    """RunReader(run_dir).saved_agents(), for a caller that asks of one run once."""
+    return RunReader(run_dir).saved_agents()
+
+
+def analyzed(run_dir: Path) -> bool:
+    """RunReader(run_dir).analyzed(), for a caller that asks of one run once."""
+    return RunReader(run_dir).analyzed()
 
 
 def parse_task(task: str) -> np.ndarray:
