@@ -347,3 +347,33 @@ def test_the_cumulant_response_over_training_pools_each_evaluations_rows_and_is_
     assert (tmp_path / "figures" / "cumulant_response.png").exists()
     plot.main(plot.Args(run_dirs=(older,), out=str(tmp_path / "older_figures"), reference_episodes=0))
     assert not (tmp_path / "older_figures" / "cumulant_response.png").exists()
+
+
+def test_packed_tables_keep_six_digits_and_compacted_metrics_pool_returns_exactly(tmp_path):
+    """tools.export's packing (common.run.pack_table): decimal numbers to 6 significant digits, integers and text as
+    they are; with metrics_every 4, four rows of a seed made one, by hand."""
+    import lzma
+
+    from common.run import compact_metrics, compact_number, pack_table
+
+    assert [compact_number(x) for x in ("0.123456789", "1234", "-1,1,0,1", "", "3.0", "1e-07", "nan")] == \
+        ["0.123457", "1234", "-1,1,0,1", "", "3", "1e-07", "nan"]
+    rows = [{"step": str(10 * i), "seed": "1", "sps": str(100 + i), "sgd_steps": str(3 * i), "loss": "" if i == 1 else
+             str(0.5 * i), "rss_gb": str(1 + i / 10), "episode_length": "" if i == 2 else "50",
+             "return_train_1,0": "" if i == 2 else str(i), "episodes_train_1,0": "0" if i == 2 else str(i)}
+            for i in range(1, 6)]
+    merged = compact_metrics(rows, 4)
+    assert [r["step"] for r in merged] == ["40", "50"] and merged[0]["sgd_steps"] == "12"
+    first = {k: float(v) for k, v in merged[0].items() if k not in ("step", "seed", "sgd_steps")}
+    assert first["return_train_1,0"] == pytest.approx((1 * 1 + 3 * 3 + 4 * 4) / 8)  # weighted by its episodes
+    assert first["episodes_train_1,0"] == 8 and first["rss_gb"] == pytest.approx(1.4)
+    assert first["loss"] == pytest.approx((1.0 + 1.5 + 2.0) / 3) and first["sps"] == pytest.approx(102.5)
+    assert merged[1]["return_train_1,0"] == "5.0" and merged[1]["episodes_train_1,0"] == 5
+    with (tmp_path / "metrics.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (tmp_path / "out").mkdir()
+    packed = pack_table(tmp_path / "metrics.csv", tmp_path / "out" / "metrics.csv", metrics_every=4)
+    text = lzma.open(packed, "rt").read().splitlines()
+    assert len(text) == 3 and text[1].startswith("40,1,102.5,12,1.5,1.4,50,3.25,8")

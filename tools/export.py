@@ -2,6 +2,8 @@
 
     python -m tools.export OUT_DIR DEST                     # the results and what --resume needs to go on
     python -m tools.export OUT_DIR DEST --agents msfa usfa  # and these complete methods' agents, compacted
+    python -m tools.export OUT_DIR DEST --agents msfa --agent-seed 1 --metrics-every 4   # seed 1's agent; 4x fewer
+                                                                                         # metrics rows
 
 A protocol folder (tools.protocol) holds, beside its results, what only a running protocol needs: each run's
 checkpoint (its replay, from tens of MB at the miniature's settings to GBs at the paper's), TensorBoard files, the
@@ -15,9 +17,12 @@ logs and the cache of compiled programs. DEST gets the rest:
   metrics.csv.xz, eval.csv.xz and its analysis' records.json (the protocol plays each seed as it completes; the
   method is reported from its seeds' records), or its agent (.eqz) if it was not played yet.
 
-The tables go packed with lzma (a seed's metrics.csv at the miniature's settings: 334 kB as written, 113 kB packed
-against gzip's 133 kB): every tool, and --resume, reads a run's metrics.csv.xz and eval.csv.xz where it has
-no plain metrics.csv and eval.csv (common.run.open_table); so do pandas.read_csv and `xzcat`.
+The tables go packed with lzma, their decimal numbers to 6 significant digits (a float32's precision; a seed's
+metrics.csv at the miniature's settings: 334 kB as written, 72 kB packed), and with --metrics-every K a seed's K
+consecutive metrics.csv rows made one (common.run.compact_metrics: as if the run had logged K times less often;
+training returns pooled over whole blocks unchanged; 21 kB with K = 4): every tool, and --resume, reads a run's
+metrics.csv.xz and eval.csv.xz where it has no plain metrics.csv and eval.csv (common.run.open_table); so do
+pandas.read_csv and `xzcat`.
 
 Runs that are not complete are left out (all they have to continue from is their checkpoint): in a copy of DEST they
 start over. So a protocol stopped part way on one machine continues on another, or later on one that kept
@@ -56,13 +61,20 @@ class Args:
     """where the results go: a new folder, or an earlier export of this protocol"""
     agents: tuple[str, ...] = ()
     """complete methods whose agents (every seed's parameters, compacted) go too; the analysis needs none of them"""
+    agent_seed: int | None = None
+    """with --agents: that seed's agent alone (e.g. 1: one agent per method, enough to play its results again)"""
+    metrics_every: int = 1
+    """metrics.csv's rows made one every this many per seed (common.run.compact_metrics: pooled returns over whole
+    blocks unchanged), as if the runs had logged that much less often: 1 keeps every row"""
 
 
-def copy_agents(run: Path, dest: Path) -> list[Path]:
-    """The run's parameter files into dest as .eqz (a .eqx is compacted; an .eqz is copied as it is); the other
-    parameter files dest held are removed. Returns the files written."""
+def copy_agents(run: Path, dest: Path, seed: int | None = None) -> list[Path]:
+    """The run's parameter files (of `seed` alone, if given) into dest as .eqz (a .eqx is compacted; an .eqz is
+    copied as it is); the other parameter files dest held are removed. Returns the files written."""
     written = []
     for params in saved_agents(run):
+        if seed is not None and params.stem != f"params_seed{seed}":
+            continue
         data = params.read_bytes()
         target = dest / f"{params.stem}.eqz"
         target.write_bytes(portable_header(data if params.suffix == ".eqz" else compress(data)))
@@ -72,15 +84,16 @@ def copy_agents(run: Path, dest: Path) -> list[Path]:
     return written
 
 
-def copy_run(run: Path, dest: Path, with_agents: bool, analysis: str = "all") -> list[Path]:
-    """A complete run's results into dest: its tables, its analysis ("all" of it, its "records" alone, or "none")
-    and, if asked, its agents."""
+def copy_run(run: Path, dest: Path, with_agents: bool, analysis: str = "all", agent_seed: int | None = None,
+             metrics_every: int = 1) -> list[Path]:
+    """A complete run's results into dest: its tables (metrics.csv compacted by metrics_every), its analysis ("all"
+    of it, its "records" alone, or "none") and, if asked, its agents (agent_seed's alone, if given)."""
     dest.mkdir(parents=True, exist_ok=True)
     written = []
     config = portable_config(json.loads((run / "config.json").read_text()))  # (older runs named their folders)
     (dest / "config.json").write_text(json.dumps(config, indent=2))
     written.append(dest / "config.json")
-    written.extend(pack_table(run / name, dest / name) for name in TABLES)
+    written.extend(pack_table(run / name, dest / name, metrics_every) for name in TABLES)
     if analysis == "all" and (run / "analysis").is_dir():
         shutil.copytree(run / "analysis", dest / "analysis", dirs_exist_ok=True)
         written.extend(p for p in (dest / "analysis").rglob("*") if p.is_file())
@@ -89,7 +102,7 @@ def copy_run(run: Path, dest: Path, with_agents: bool, analysis: str = "all") ->
         shutil.copyfile(run / "analysis" / "records.json", dest / "analysis" / "records.json")
         written.append(dest / "analysis" / "records.json")
     if with_agents:
-        written.extend(copy_agents(run, dest))
+        written.extend(copy_agents(run, dest, agent_seed))
     else:
         for stale in saved_agents(dest):
             stale.unlink()
@@ -103,7 +116,8 @@ def newer_and_different(target: Path, source: Path) -> bool:
             and target.read_bytes() != source.read_bytes())
 
 
-def export(out: Path, dest: Path, agents: tuple[str, ...] = ()) -> dict[str, list[Path]]:
+def export(out: Path, dest: Path, agents: tuple[str, ...] = (), agent_seed: int | None = None,
+           metrics_every: int = 1) -> dict[str, list[Path]]:
     """Copies the protocol in `out` into `dest` as the module docstring says. Returns, per method, the files written
     ("" for the protocol's own); prints what was left out."""
     require((out / "protocol.json").exists(), f"{out} holds no protocol (no protocol.json); pass the folder given to "
@@ -140,7 +154,9 @@ def export(out: Path, dest: Path, agents: tuple[str, ...] = ()) -> dict[str, lis
         written[method] = []
         finished = complete(run) and (analyzed(run) or not analysed_here)
         if complete(run):  # its agents go too while its analysis has not run (and may need them)
-            written[method] = copy_run(run, target, method in agents or not finished)
+            seed = agent_seed if finished and method in agents else None  # (an unplayed one: every seed's)
+            written[method] = copy_run(run, target, method in agents or not finished, agent_seed=seed,
+                                       metrics_every=metrics_every)
         if finished:
             for carried in sorted(target.glob("seed*/")):
                 shutil.rmtree(carried)
@@ -150,7 +166,7 @@ def export(out: Path, dest: Path, agents: tuple[str, ...] = ()) -> dict[str, lis
             if complete(seed_run):  # its records if it was played, else its agent (to be played)
                 played = analyzed(seed_run) or not analysed_here
                 written[method].extend(copy_run(seed_run, target / seed_run.name, with_agents=not played,
-                                                analysis="records"))
+                                                analysis="records", metrics_every=metrics_every))
             else:
                 print(f"[export] left out {seed_run} (not complete: it starts over when the protocol resumes)")
         if not seed_runs and run.exists() and not complete(run):
@@ -160,7 +176,9 @@ def export(out: Path, dest: Path, agents: tuple[str, ...] = ()) -> dict[str, lis
 
 @exit_on_config_error
 def main(args: Args) -> None:
-    written = export(Path(args.out_dir), Path(args.dest), args.agents)
+    require(args.metrics_every >= 1, f"--metrics-every must be at least 1, got {args.metrics_every}")
+    require(args.agent_seed is None or args.agents, "--agent-seed picks the seed of --agents: name the methods too")
+    written = export(Path(args.out_dir), Path(args.dest), args.agents, args.agent_seed, args.metrics_every)
     total = sum(p.stat().st_size for files in written.values() for p in files)
     for method, files in written.items():
         if method and files:

@@ -86,11 +86,80 @@ def read_table(path: Path) -> str:
         return f.read()
 
 
-def pack_table(source: Path, dest: Path) -> Path:
-    """The table at `source` (either form) written to dest + .xz (deterministic: the same rows give the same bytes);
-    a plain table at dest is removed, as table_path would read it first. Returns the file written."""
+SIGNIFICANT_DIGITS = 6
+"""digits a packed table keeps of each decimal number: a float32's precision, about a third of the bytes of the
+shortest repr of a float64 after lzma"""
+
+
+def compact_number(field: str) -> str:
+    """A CSV field as packed: a decimal number to SIGNIFICANT_DIGITS significant digits; integers, text and empty
+    fields as they are."""
+    if not field or not any(c in field for c in ".eE") or field[0].isalpha():
+        return field
+    try:
+        return f"{float(field):.{SIGNIFICANT_DIGITS}g}"
+    except ValueError:
+        return field
+
+
+def compact_metrics(rows: list[dict], every: int) -> list[dict]:
+    """metrics.csv's rows with every `every` consecutive rows of a seed made one, as if the run had logged that much
+    less often: step and sgd_steps of the last row, rss_gb the largest, each training return the mean over the rows'
+    episodes (weighted by episodes_train_<task>, which add up), episode_length weighted by the rows' episodes, every
+    other number (sps, epsilon, the losses, the cumulants' quality) the mean of the rows that have it. Pooled
+    returns over any window of whole blocks stay exactly as they were. Rows without episode counts (metrics.csv of
+    runs before 2026-11-28) are returned as they are."""
+    if every <= 1 or not rows or not any(k.startswith("episodes_train_") for k in rows[0]):
+        return rows
+    tasks = [k.removeprefix("episodes_train_") for k in rows[0] if k.startswith("episodes_train_")]
+    out = []
+    for seed in dict.fromkeys(r["seed"] for r in rows):
+        mine = [r for r in rows if r["seed"] == seed]
+        for start in range(0, len(mine), every):
+            block = mine[start:start + every]
+            row = {}
+            for key in block[0]:
+                values = [float(r[key]) for r in block if r[key] not in ("", None)]
+                if key in ("step", "seed", "sgd_steps"):
+                    row[key] = block[-1][key]
+                elif key == "rss_gb":
+                    row[key] = max(values) if values else ""
+                elif key.startswith("episodes_train_"):
+                    row[key] = int(sum(values))
+                elif key.startswith("return_train_"):
+                    task = key.removeprefix("return_train_")
+                    pairs = [(float(r[key]), float(r[f"episodes_train_{task}"])) for r in block if r[key] != ""]
+                    total = sum(n for _, n in pairs)
+                    row[key] = sum(m * n for m, n in pairs) / total if total else ""
+                elif key == "episode_length":
+                    pairs = [(float(r[key]), sum(float(r[f"episodes_train_{t}"]) for t in tasks)) for r in block
+                             if r[key] != ""]
+                    total = sum(n for _, n in pairs)
+                    row[key] = sum(m * n for m, n in pairs) / total if total else ""
+                else:
+                    row[key] = sum(values) / len(values) if values else ""
+            out.append({k: (repr(v) if isinstance(v, float) else v) for k, v in row.items()})
+    return sorted(out, key=lambda r: (int(r["step"]), int(r["seed"])))  # (the order a run of several seeds logs)
+
+
+def pack_table(source: Path, dest: Path, metrics_every: int = 1) -> Path:
+    """The table at `source` (either form) written to dest + .xz: its decimal numbers to SIGNIFICANT_DIGITS
+    significant digits (compact_number) and, for a metrics.csv with metrics_every > 1, every metrics_every rows of a
+    seed made one (compact_metrics). Deterministic: the same rows give the same bytes. A plain table at dest is
+    removed, as table_path would read it first. Returns the file written."""
+    import io
+
+    rows = list(csv.reader(io.StringIO(read_table(source))))
+    if metrics_every > 1 and source.name.startswith("metrics.csv"):
+        header = rows[0]
+        merged = compact_metrics([dict(zip(header, r)) for r in rows[1:]], metrics_every)
+        rows = [header, *([str(r[k]) for k in header] for r in merged)]
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(rows[0])
+    writer.writerows([compact_number(field) for field in row] for row in rows[1:])
     target = dest.with_name(dest.name + PACKED)
-    target.write_bytes(lzma.compress(read_table(source).encode(), preset=9))
+    target.write_bytes(lzma.compress(text.getvalue().encode(), preset=9))
     dest.unlink(missing_ok=True)
     return target
 
