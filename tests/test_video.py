@@ -1,11 +1,13 @@
 """tools.video: the watched episode is the evaluation's episode, its overlay shows the evaluation's numbers, and bad
-input stops with one line. Uses the saved MSFA agents committed under results/ (UVFA-FARM's: a tiny run here;
-MiniHack's: tests/test_msfa_minihack.py's tiny run)."""
+input stops with one line. Uses the saved MSFA agent committed under results/babyai/ (Fruitbot's: an untrained agent
+of the paper's network written here; UVFA-FARM's: a tiny run here; MiniHack's: tests/test_msfa_minihack.py's tiny
+run)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import equinox as eqx
 import numpy as np
 import pytest
 
@@ -14,7 +16,6 @@ from tools import video
 
 ROOT = Path(__file__).resolve().parent.parent
 MSFA_BABYAI = ROOT / "results/babyai/paper_protocol_h200/msfa"  # committed in compact form (.eqz)
-MSFA_FRUITBOT = ROOT / "results/fruitbot/paper_cpu_msfa"
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +46,29 @@ def test_babyai_video_of_a_uvfa_agent_without_gpi(uvfa_farm_babyai):
     assert trace.contribution.shape == (200, 0)
 
 
-def test_fruitbot_video_frames_and_values():
-    trace, header, env, w, args = video.record_episode(MSFA_FRUITBOT, "1,0,1,1", "on", max_steps=12)
+@pytest.fixture(scope="module")
+def msfa_fruitbot_agent(tmp_path_factory):
+    """An MSFA agent of the paper's Fruitbot network, as a run saves it (untrained: the video's frames and values
+    are what is checked, not what it learned; the repository keeps no Fruitbot agent)."""
+    import dataclasses
+
+    import jax
+
+    import msfa_fruitbot
+    from common.run import save_checkpoint
+
+    args = msfa_fruitbot.Args(train_levels=200)
+    params = eqx.filter(msfa_fruitbot.make_network(args, jax.random.PRNGKey(1)), eqx.is_inexact_array)
+    run_dir = tmp_path_factory.mktemp("video") / "msfa_fruitbot"
+    run_dir.mkdir()
+    save_checkpoint(run_dir / "params_seed1.eqx", params, {"step": 0, "method": "MSFA", "script": "msfa_fruitbot.py",
+                                                           "env": "fruitbot", "args": dataclasses.asdict(args),
+                                                           "seed": 1})
+    return run_dir
+
+
+def test_fruitbot_video_frames_and_values(msfa_fruitbot_agent):
+    trace, header, env, w, args = video.record_episode(msfa_fruitbot_agent, "1,0,1,1", "on", max_steps=12)
     assert env == "fruitbot" and len(trace.reward) == 12 and not trace.complete
     assert trace.frames[0][0].shape == (64, 64, 3)
     np.testing.assert_allclose(trace.contribution.sum(-1), trace.q, atol=1e-4)
