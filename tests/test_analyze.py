@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from common.envs.babyai import TEST_TASKS, TRAIN_TASKS
+from common.run import evaluation_parts
 from helpers import VARIANTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +62,8 @@ def test_episodes_are_the_scripts_own_evaluation_episodes(run, use_gpi):
     trace = rollout(agent, SOME_TASKS, 1, use_gpi, key)
     args = dataclasses.replace(agent.args, eval_episodes=1)
     evaluate = agent.script.make_evaluate(agent.script.make_setup(args), args, SOME_TASKS)
-    expected = np.asarray(evaluate(agent.params, key))[agent.script.GPI_SETTINGS.index(int(use_gpi))]
+    expected = np.asarray(evaluation_parts(evaluate(agent.params, key)).returns)[
+        agent.script.GPI_SETTINGS.index(int(use_gpi))]
     assert np.abs(expected).sum() > 5  # the check below can tell episodes apart
     np.testing.assert_allclose(trace["reward"].sum(-1), expected, rtol=1e-6)
     check_records(agent, trace, SOME_TASKS)
@@ -110,8 +112,10 @@ def test_analysis_writes_table_a_heatmaps_and_module_activity(runs, tmp_path, ca
     rows = [line for line in table_a.splitlines() if line.startswith("| ") and not line.startswith("| task")]
     assert len(rows) == len(TEST_TASKS) and "MSFA: abs. error" in table_a and "USFA:" not in table_a
     assert "| 1,1,1,1 |" in table_a and "0.0118 ± 0.0856 | 2.5530 ± 4.0324 |" in table_a  # the paper's numbers
-    quality = text.split("## Cumulant quality")[1].split("## Pickups")[0]
+    quality = text.split("## Cumulant quality")[1].split("## The cumulant response")[0]
     assert quality.count("| MSFA |") == 4 and "| USFA |" not in quality
+    response = text.split("## The cumulant response")[1].split("## Pickups")[0]
+    assert "| MSFA |" in response and "| USFA |" not in response and "| UVFA |" not in response
     pickups = text.split("## Pickups per episode")[1]
     assert sum(line.startswith("| UVFA |") for line in pickups.splitlines()) == len(TASKS)
     for name in ("pickup_heatmaps.png", "module_activity.png"):

@@ -38,9 +38,9 @@ def test_the_readmes_first_run_learns_and_ends_with_a_summary_and_a_figure(tmp_p
              and r["gpi"] == "0"]
     from common.envs.babyai import TRAIN_TASKS
     from tools import reference_returns
-    from tools.summarize import babyai_room
+    from tools.run_reader import RunReader
 
-    stored = reference_returns.stored("babyai", reference_returns.room_setting(babyai_room(run)))
+    stored = reference_returns.stored("babyai", reference_returns.room_setting(RunReader(run).babyai_room()))
     random = sum(stored["returns"]["random"][",".join(f"{x:g}" for x in w)]["mean"] for w in TRAIN_TASKS) / 4
     print(f"first run: greedy train-task return {sum(train) / len(train):.2f} at step {last:,}; random play "
           f"{random:.2f}")

@@ -19,7 +19,7 @@ import pytest
 
 import usfa
 from common.envs.babyai import GotoAvoid
-from common.run import cumulant_quality, cumulant_stats
+from common.run import EVAL_FIELDS, RESPONSE_FIELDS, cumulant_quality, cumulant_stats
 from helpers import SCRIPTS, VARIANTS, only_transitions, random_sequence
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -362,7 +362,12 @@ def test_tiny_run_of_every_script_and_variant(variant, tmp_path, capsys):
     if learned_phi:  # most categories are never picked up in so short a run: their columns stay empty
         assert 0 <= float(metrics[-1]["phi_error_other_1"]) < 10
     evals = read(run_dir / "eval.csv", drop=())
-    assert list(evals[0]) == ["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"]
+    assert list(evals[0]) == EVAL_FIELDS
+    # the cumulant response: filled (a count of pickups at least) on the train tasks' rows acting on w of a method
+    # that learns phi, empty on every other row and for every other method
+    measured = [r for r in evals if r["split"] == "train" and r["gpi"] == "0"]
+    assert all((r["pickups_rewarded"] != "") == learned_phi for r in measured)
+    assert all(r[name] == "" for r in evals if r not in measured for name in RESPONSE_FIELDS)
     assert {r["gpi"] for r in evals} == ({"0", "1"} if has_gpi else {"0"})
     assert len(evals) == (2 if has_gpi else 1) * 12
     assert {r["task"] for r in evals if r["split"] == "test"} >= {"-1,1,-1,0.5", "1,1,0.5,0.5"}

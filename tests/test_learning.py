@@ -24,7 +24,7 @@ from common.envs.babyai import TRAIN_TASKS, random_policy_returns
 from common.run import parse_args
 from tools import analyze
 from tools.protocol import SCALES
-from tools.summarize import babyai_room
+from tools.run_reader import RunReader
 
 BUDGET = 384_000
 EPISODES = 20
@@ -45,7 +45,7 @@ def trained(tmp_path_factory):
 
 def test_the_greedy_policy_beats_random_play(trained):
     run_dir, agent, trace = trained
-    random_return = float(np.mean(random_policy_returns(TRAIN_TASKS, 100, env=babyai_room(run_dir))[0]))
+    random_return = float(np.mean(random_policy_returns(TRAIN_TASKS, 100, env=RunReader(run_dir).babyai_room())[0]))
     greedy_return = float(trace["reward"].sum(-1).mean())
     print(f"greedy train-task return {greedy_return:.2f}, random play {random_return:.2f}")
     assert greedy_return > max(2 * random_return, 0.8), (greedy_return, random_return)

@@ -82,6 +82,7 @@ def test_the_aggregate_intervals_are_reproducible_and_each_methods_own(tmp_path,
 def test_plot_spread_over_seeds_hand_worked(tmp_path):
     """The bands and error bars: one standard error, or the 95% Student's t interval of the mean over seeds."""
     from tools import plot
+    from tools.run_reader import RunReader
 
     # seeds 1, 2, 3: mean 2, sample std 1, s.e. 1/sqrt(3) = 0.57735; t(0.975, 2 d.o.f.) = 4.30265
     assert plot.mean_spread(np.array([1.0, 2.0, 3.0]), "se") == pytest.approx((2.0, 0.57735), abs=1e-5)
@@ -89,7 +90,7 @@ def test_plot_spread_over_seeds_hand_worked(tmp_path):
     assert plot.mean_spread(np.array([4.0]), "ci95") == (4.0, 0.0)  # one seed has no spread
     # the fake run's seeds 1 and 2 score value + seed + gpi on every task: mean value + 1.5 + gpi, s.e. 0.5,
     # t(0.975, 1 d.o.f.) = 12.7062, so the 95% half-width is 6.3531
-    table = plot.read_eval(Path(fake_run(tmp_path, "sf", "MSFA", (10, 20), (0, 1), 1.0)))
+    table = RunReader(fake_run(tmp_path, "sf", "MSFA", (10, 20), (0, 1), 1.0)).returns
     from common.envs.babyai import TEST_TASKS
     steps, mean, half = plot.learning_curve(table, TEST_TASKS, 1, "ci95")
     assert list(steps) == [10, 20] and mean == pytest.approx([3.5, 3.5]) and half == pytest.approx([6.3531] * 2, 1e-4)
@@ -235,15 +236,16 @@ def test_plot_pools_the_actors_returns_per_window_hand_worked_and_draws_them_aga
 
     import common.envs.minihack
     from tools import plot
+    from tools.run_reader import RunReader
 
     run = tmp_path / "mh"
     fake_run(tmp_path, "mh", "MSFA", (10,), (0, 1), 1.0, env="minihack")
     rows = [(10, 1, 0.5, 2), (20, 1, 1.0, 3), (30, 1, "", 0), (40, 1, 0.0, 1)]
     write_metrics(run, rows)
-    steps, values = plot.actor_returns_per_window(run / "metrics.csv", common.envs.minihack.TRAIN_TASKS, 2)[1]
+    steps, values = plot.actor_returns_per_window(RunReader(run), common.envs.minihack.TRAIN_TASKS, 2)[1]
     assert steps.tolist() == [20, 40] and values[:, 0] == pytest.approx([0.8, 0.0]) and np.all(values[:, 1:] == 1)
     write_metrics(run, rows, counts=False)
-    _, values = plot.actor_returns_per_window(run / "metrics.csv", common.envs.minihack.TRAIN_TASKS, 2)[1]
+    _, values = plot.actor_returns_per_window(RunReader(run), common.envs.minihack.TRAIN_TASKS, 2)[1]
     assert values[:, 0] == pytest.approx([0.75, 0.0])
     calls = []
 

@@ -414,9 +414,9 @@ def test_the_run_records_its_env_where_the_tools_read_it(finished):
     """config.json and every parameter file's header say the env (the tools no longer guess it from the argument
     names, which they still do for runs saved before it was recorded)."""
     from common.run.checkpoint import read_checkpoint_header
-    from tools.summarize import recorded_env, run_env
+    from tools.run_reader import RunReader, recorded_env
 
-    assert json.loads((finished / "config.json").read_text())["env"] == "babyai" == run_env(finished)
+    assert json.loads((finished / "config.json").read_text())["env"] == "babyai" == RunReader(finished).env
     assert read_checkpoint_header(finished / "params_seed1.eqx")["env"] == "babyai"
     assert recorded_env({"args": {"room_size": 5}}) == "minihack"  # a run saved before: read by its settings
     assert recorded_env({"env": "fruitbot", "args": {}}) == "fruitbot"

@@ -23,4 +23,9 @@ Reading runs' tables (eval.csv, metrics.csv)
 Reference data
 - reference_returns: the BFS oracle's, scripted and random play's returns per env setting (results/references.json).
 - script_contract: what a training script exposes to these tools.
+
+Shared by the tools
+- run_reader: one reader of a run directory (config.json, eval.csv, metrics.csv, parameter files, analysis/), which
+  every tool reads runs through.
+- tables: the cells of the markdown tables (a mean ± s.e. over seeds).
 """

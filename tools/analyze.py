@@ -50,8 +50,7 @@ from common.run import (RESPONSE, cumulant_quality, cumulant_response, cumulant_
 from tools import script_contract
 from tools.script_contract import play_names, require_names, run_label
 from tools.evaluate import greedy_step, load_agent, params_files, parse_tasks
-from tools.run_reader import record_response
-from tools.summarize import run_env
+from tools.run_reader import RunReader, record_response
 
 PAPER_TABLE_A = {  # the paper's Table A: task -> (MSFA, USFA-learned-phi), mean ± std over 40 episodes per task
     "1,1,0,0": ((0.0003, 0.0090), (0.1362, 0.3410)),
@@ -518,8 +517,8 @@ def plot_activity(activity: dict[str, tuple], task: np.ndarray, path: Path) -> N
 def main(args: Args) -> None:
     require(args.run_dirs or args.records, "name at least one run directory (or --records: earlier analyses)")
     for d in args.run_dirs:
-        require(run_env(Path(d)) == "babyai", f"{d} is a {run_env(Path(d))} run; tools.analyze handles BabyAI runs "
-                                              "only so far")
+        env = RunReader(d).env
+        require(env == "babyai", f"{d} is a {env} run; tools.analyze handles BabyAI runs only so far")
     require(args.episodes > 0, f"--episodes must be positive, got {args.episodes}")
     require(args.gpi in ("on", "off"), f"--gpi must be on or off, got {args.gpi!r}")
     activity_task = parse_tasks(args.activity_task)

@@ -29,8 +29,6 @@ Then per test task, each method's return with GPI (the SF methods) and without (
 
 from __future__ import annotations
 
-import csv
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,12 +37,10 @@ import tyro
 from scipy import stats
 
 from common.envs.babyai import TEST_TASKS, TRAIN_TASKS
-from common.run import RESPONSE, exit_on_config_error, format_task, open_table, require, table_path
+from common.run import RESPONSE, exit_on_config_error, format_task, require
 from tools import reference_returns
-from tools.script_contract import run_label
 from tools.protocol import BLIND
-from tools.run_reader import RunReader, record_response
-from tools.summarize import babyai_room
+from tools.run_reader import Evaluation, RunReader, record_response
 
 MEASURES = {  # name: column title
     "train": "train, no GPI",
@@ -96,24 +92,24 @@ class Args:
     """where to write the markdown (default OUT_DIR/claims.md)"""
 
 
-def last_evaluation(run_dir: Path) -> tuple[int, list[dict]]:
-    """A run's last evaluated step and eval.csv's rows at it (each task one of the paper's tasks of its split)."""
-    with open_table(run_dir / "eval.csv") as f:
-        rows = list(csv.DictReader(f))
-    require(bool(rows), f"{run_dir / 'eval.csv'} has no evaluation yet")
-    step = max(int(r["step"]) for r in rows)
+def last_evaluation(run: RunReader) -> Evaluation:
+    """A run's last evaluated step and eval.csv's rows at it (RunReader.last_evaluation), each task one of the paper's
+    tasks of its split and each seed's (task, gpi) once: tools.claims reads the paper's BabyAI protocol, each run's
+    own eval.csv."""
+    table = run.path / "eval.csv"
+    require(bool(run.eval_rows), f"{table} has no evaluation yet")
+    step, rows = evaluation = run.last_evaluation()
     tasks = {"train": {format_task(w) for w in TRAIN_TASKS}, "test": {format_task(w) for w in TEST_TASKS}}
-    rows = [r for r in rows if int(r["step"]) == step]
     seen = set()
     for r in rows:
-        require(r["task"] in tasks[r["split"]], f"{run_dir / 'eval.csv'}: task {r['task']} is not one of the "
+        require(r["task"] in tasks[r["split"]], f"{table}: task {r['task']} is not one of the "
                                                 f"paper's {r['split']} tasks; tools.claims reads the paper's BabyAI "
                                                 "protocol")
         key = (r["seed"], r["split"], r["task"], r["gpi"])
-        require(key not in seen, f"{run_dir / 'eval.csv'} has two rows for seed {key[0]}, task {key[2]}, gpi "
+        require(key not in seen, f"{table} has two rows for seed {key[0]}, task {key[2]}, gpi "
                                  f"{key[3]} at step {step:,}; pass a run's own eval.csv, not joined ones")
         seen.add(key)
-    return step, rows
+    return evaluation
 
 
 def per_task_returns(rows: list[dict]) -> dict[tuple[str, int], dict[int, float]]:
@@ -125,11 +121,12 @@ def per_task_returns(rows: list[dict]) -> dict[tuple[str, int], dict[int, float]
     return {key: dict(sorted(by_seed.items())) for key, by_seed in out.items()}
 
 
-def per_seed_measures(run_dir: Path, evaluation: tuple[int, list[dict]] | None = None
+def per_seed_measures(run: RunReader | Path, evaluation: Evaluation | None = None
                       ) -> tuple[int, dict[str, dict[int, float]]]:
     """A method's last evaluated step and {measure: {seed: value}} (module doc); `evaluation` is the run's
     last_evaluation where it was read already."""
-    step, rows = evaluation or last_evaluation(run_dir)
+    run = run if isinstance(run, RunReader) else RunReader(run)
+    step, rows = evaluation or last_evaluation(run)
     values: dict[str, dict[int, list]] = {}
     for r in rows:
         name = {("train", "0"): "train", ("test", "1"): "test_gpi", ("test", "0"): "test"}.get((r["split"], r["gpi"]))
@@ -142,19 +139,15 @@ def per_seed_measures(run_dir: Path, evaluation: tuple[int, list[dict]] | None =
     for seed, settings in by_seed.items():
         if "0" in settings and "1" in settings:
             values.setdefault("gpi_cost_train", {})[seed] = [np.mean(settings["0"]) - np.mean(settings["1"])]
-    for record in RunReader(run_dir).records:  # the cumulant response of the analysis' episodes (acting on w)
+    for record in run.records:  # the cumulant response of the analysis' episodes (acting on w)
         if "response" in record:
             played, blind = record_response(record), record_response(record, counterfactual=True)
             for name in RESPONSE:
                 values.setdefault(name, {})[int(record["seed"])] = [played[name]]
             values.setdefault("crosstalk_counterfactual", {})[int(record["seed"])] = [blind["crosstalk"]]
-    analysis = run_dir / "analysis" / "per_seed.csv"
-    if analysis.exists():
-        with analysis.open() as f:
-            for r in csv.DictReader(f):
-                if r["abs_error"]:
-                    values.setdefault(f"error_{r['split']}", {}).setdefault(int(r["seed"]), []).append(
-                        float(r["abs_error"]))
+    for r in run.analysis_rows:
+        if r["abs_error"]:
+            values.setdefault(f"error_{r['split']}", {}).setdefault(int(r["seed"]), []).append(float(r["abs_error"]))
     return step, {name: {seed: float(np.mean(v)) for seed, v in sorted(per_seed.items()) if not np.isnan(np.mean(v))}
                   for name, per_seed in values.items()}
 
@@ -196,9 +189,9 @@ def verdict(low: float, high: float, side: int) -> str:
     return "not resolved"
 
 
-def stored_references(run_dir: Path) -> dict | None:
+def stored_references(run: RunReader) -> dict | None:
     """The BFS oracle's and random play's stored returns in the run's room (tools.reference_returns), or None."""
-    return reference_returns.stored("babyai", reference_returns.room_setting(babyai_room(run_dir)))
+    return reference_returns.stored("babyai", reference_returns.room_setting(run.babyai_room()))
 
 
 def reference_rows(entry: dict | None) -> list[str]:
@@ -216,11 +209,12 @@ def reference_rows(entry: dict | None) -> list[str]:
 
 
 def claims(out_dir: Path) -> list[str]:
-    runs = {d.name: d for d in sorted(out_dir.iterdir()) if table_path(d / "eval.csv").exists()}
+    runs = {d.name: RunReader(d) for d in sorted(out_dir.iterdir())}
+    runs = {name: run for name, run in runs.items() if run.has_eval()}
     require(bool(runs), f"{out_dir} holds no run folder with an eval.csv; pass a protocol's folder")
-    evaluations = {name: last_evaluation(d) for name, d in runs.items()}
-    measured = {name: per_seed_measures(d, evaluations[name]) for name, d in runs.items()}
-    labels = {name: run_label(json.loads((d / "config.json").read_text()), name) for name, d in runs.items()}
+    evaluations = {name: last_evaluation(run) for name, run in runs.items()}
+    measured = {name: per_seed_measures(run, evaluations[name]) for name, run in runs.items()}
+    labels = {name: run.label for name, run in runs.items()}
     lines = ["## Per method", "",
              "At each run's last evaluation; per seed the mean over the split's tasks, then the mean over seeds "
              "[95% bootstrap interval over seeds]. Returns are greedy episodes' (eval.csv); Table A's error is "
@@ -245,7 +239,7 @@ def claims(out_dir: Path) -> list[str]:
         x, y = measured[a][1][measure_a], measured[b][1][measure_b]
         paired = a == b
         if paired:
-            require(x.keys() == y.keys(), f"{runs[a]}: the seeds of {measure_a} and {measure_b} differ")
+            require(x.keys() == y.keys(), f"{runs[a].path}: the seeds of {measure_a} and {measure_b} differ")
         digits = DIGITS.get(measure_a, 2)
         mean, low, high = interval(np.array(list(x.values())), np.array(list(y.values())), paired=paired)
         lines.append(f"| {claim} | {labels[a]}: {MEASURES[measure_a]} | {labels[b]}: {MEASURES[measure_b]} | "

@@ -31,8 +31,8 @@ from common.envs import babyai
 from common.run import (EVAL_FIELDS, ConfigError, evaluation_parts, evaluation_rows, exit_on_config_error,
                         format_task, load_script, require)
 from tools.compact_agents import open_params
+from tools.run_reader import recorded_env, saved_agents, tasks_of_env
 from tools.script_contract import EVALUATE, has_psi, require_names
-from tools.summarize import recorded_env, tasks_of_env
 
 MSFA_SCRIPTS = {"babyai": "msfa_babyai", "fruitbot": "msfa_fruitbot", "minihack": "msfa_minihack"}
 BASELINE_SCRIPTS = {"USFA": "usfa", "UVFA": "uvfa", "UVFA-FARM": "uvfa", "MVFA": "uvfa"}  # one script per family, --env
@@ -85,8 +85,7 @@ def params_files(run_dir: Path) -> list[Path]:
     one line if there are none."""
     require(run_dir.is_dir(), f"{run_dir} is not a directory: no params_seed<N>.eqx there; pass a run directory that "
                               "has evaluated at least once")
-    files = sorted([*run_dir.glob("params_seed*.eqx"), *run_dir.glob("params_seed*.eqz")],
-                   key=lambda p: int(p.stem.split("seed")[1]))
+    files = sorted(saved_agents(run_dir), key=lambda p: int(p.stem.split("seed")[1]))
     require(files, f"no params_seed<N>.eqx in {run_dir}; pass a run directory that has evaluated at least once")
     seeds = [p.stem for p in files]
     for twice in sorted({s for s in seeds if seeds.count(s) > 1})[:1]:

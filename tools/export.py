@@ -47,6 +47,7 @@ import tyro
 from common.run import exit_on_config_error, pack_table, portable_config, require
 from tools.compact_agents import compress, portable_header
 from tools.protocol import ANALYSES, analyzed, complete, saved_agents
+from tools.run_reader import RunReader
 
 TOP_FILES = ("protocol.json", "summary.json", "claims.md")
 TOP_FOLDERS = ("figures",)
@@ -90,7 +91,7 @@ def copy_run(run: Path, dest: Path, with_agents: bool, analysis: str = "all", ag
     of it, its "records" alone, or "none") and, if asked, its agents (agent_seed's alone, if given)."""
     dest.mkdir(parents=True, exist_ok=True)
     written = []
-    config = portable_config(json.loads((run / "config.json").read_text()))  # (older runs named their folders)
+    config = portable_config(RunReader(run).config)  # (older runs named their folders)
     (dest / "config.json").write_text(json.dumps(config, indent=2))
     written.append(dest / "config.json")
     written.extend(pack_table(run / name, dest / name, metrics_every) for name in TABLES)

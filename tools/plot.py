@@ -30,8 +30,6 @@ or the 95% interval of the mean (ci95: Student's t with seeds - 1 degrees of fre
 
 from __future__ import annotations
 
-import csv
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -41,10 +39,8 @@ import tyro
 from scipy import stats
 
 from common.envs.babyai import bfs_oracle_returns, random_policy_returns
-from common.run import RESPONSE, exit_on_config_error, format_task, open_table, require, table_path
-from tools.compare_runs import label, read_eval
-from tools.run_reader import RunReader, response_curve
-from tools.summarize import babyai_room, env_tasks, pooled_return, run_env
+from common.run import RESPONSE, exit_on_config_error, format_task, require
+from tools.run_reader import RunReader, env_tasks, pooled_return, response_curve
 
 
 @dataclass
@@ -104,19 +100,19 @@ def main(args: Args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [Path(d) for d in args.run_dirs]
+    runs = [RunReader(d) for d in args.run_dirs]
     require(runs, "pass at least one run directory")
     for d in runs:
-        require(table_path(d / "eval.csv").exists(), f"no eval.csv in {d}; pass run directories")
+        require(d.has_eval(), f"no eval.csv in {d.path}; pass run directories")
     require(args.reference_episodes >= 0, f"--reference-episodes must not be negative, got {args.reference_episodes}")
     require(args.actor_window >= 1, f"--actor-window must be at least 1, got {args.actor_window}")
-    tables = {d: read_eval(d) for d in runs}
+    tables = {d: d.returns for d in runs}
     train_tasks, test_tasks = env_tasks(runs)
-    env = run_env(runs[0])
+    env = runs[0].env
     # references: (BFS oracle or None, random play) per test task; random_lines: random play per train/test task
     references, random_lines = None, None
     if args.reference_episodes and env == "babyai":  # the BFS oracle exists for BabyAI only
-        rooms = {d: babyai_room(d) for d in runs}
+        rooms = {d: d.babyai_room() for d in runs}
         sizes = {(r.grid_size, r.objects_per_category, r.episode_steps) for r in rooms.values()}
         require(len(sizes) == 1, f"the runs trained in different rooms (grid size, objects per category, episode "
                                  f"length: {sorted(sizes)}); plot each room's runs apart")
@@ -124,10 +120,10 @@ def main(args: Args) -> None:
         references = (bfs_oracle_returns(test_tasks, args.reference_episodes, env=room)[0],
                       random_policy_returns(test_tasks, args.reference_episodes, env=room)[0])
     if args.reference_episodes and env == "minihack":
-        random_lines = minihack_random_success(runs[0], train_tasks, test_tasks, args.reference_episodes)
+        random_lines = minihack_random_success(runs[0].path, train_tasks, test_tasks, args.reference_episodes)
         references = (None, random_lines[1])
     if args.reference_episodes and env == "fruitbot":
-        random_lines = fruitbot_random_returns(runs[0], train_tasks, test_tasks, args.reference_episodes)
+        random_lines = fruitbot_random_returns(runs[0].path, train_tasks, test_tasks, args.reference_episodes)
         references = (None, random_lines[1])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -148,7 +144,7 @@ def main(args: Args) -> None:
         for ax, (_, tasks, with_gpi, _) in zip(axes, panels):
             steps, mean, half = learning_curve(table, tasks, g if with_gpi else 0, args.interval)
             if len(steps):
-                ax.plot(steps, mean, color=colours[d], label=label(d) + ("" if g else " (no GPI)"))
+                ax.plot(steps, mean, color=colours[d], label=d.label + ("" if g else " (no GPI)"))
                 ax.fill_between(steps, mean - half, mean + half, color=colours[d], alpha=0.2)
     if random_lines is not None:
         for ax, (_, _, _, split) in zip(axes, panels):
@@ -173,7 +169,7 @@ def main(args: Args) -> None:
     written = ["learning_curves.png", "test_tasks.png"]
     task_bars(plt, tables, step, test_tasks, references, f"Test tasks at step {step:,} ({seed_text})",
               out / "test_tasks.png", colours, args.interval)
-    msfa = {d: t for d, t in tables.items() if label(d).startswith("MSFA")}
+    msfa = {d: t for d, t in tables.items() if d.label.startswith("MSFA")}
     if len(msfa) > 1:
         task_bars(plt, msfa, step, test_tasks, references,
                   f"Modularity ablations: test tasks at step {step:,} ({seed_text})", out / "modularity.png",
@@ -189,14 +185,14 @@ def main(args: Args) -> None:
     written.append("aggregate.png")
     if response_curves(plt, runs, out / "cumulant_response.png", colours, args.interval):
         written.append("cumulant_response.png")
-    with_metrics = [d for d in runs if table_path(d / "metrics.csv").exists()]
+    with_metrics = [d for d in runs if d.has_metrics()]
     if with_metrics:
         actor_references = None
         if args.reference_episodes and env == "minihack":
-            actor_references = minihack_random_success(runs[0], train_tasks, test_tasks, args.reference_episodes,
+            actor_references = minihack_random_success(runs[0].path, train_tasks, test_tasks, args.reference_episodes,
                                                        training_levels=True)[0]
         if args.reference_episodes and env == "fruitbot":
-            actor_references = fruitbot_random_returns(runs[0], train_tasks, test_tasks, args.reference_episodes,
+            actor_references = fruitbot_random_returns(runs[0].path, train_tasks, test_tasks, args.reference_episodes,
                                                        training_levels=True)[0]
         actor_curves(plt, with_metrics, train_tasks, args.actor_window, actor_references, args.reference_episodes,
                      out / "actors.png", colours, args.interval)
@@ -204,12 +200,11 @@ def main(args: Args) -> None:
     print(f"wrote {', '.join(str(out / f) for f in written)} (step {step:,})")
 
 
-def response_curves(plt, runs: list[Path], path: Path, colours: dict, interval: str) -> bool:
+def response_curves(plt, runs: list[RunReader], path: Path, colours: dict, interval: str) -> bool:
     """cumulant_response.png: the learned cumulants' response at every evaluation (eval.csv; common.run.RESPONSE),
     one panel per summary, mean and `interval` over seeds (each seed's value pooled over the train tasks' pickups).
     Whether any run had one to draw (methods that learn phi, runs that recorded it)."""
-    readers = {d: RunReader(d) for d in runs}
-    shown = {d: r for d, r in readers.items() if r.response()}
+    shown = [d for d in runs if d.response()]
     if not shown:
         return False
     titles = {"own_rewarded": "own category, rewarded pickups", "own_unrewarded": "own category, unrewarded pickups",
@@ -217,8 +212,8 @@ def response_curves(plt, runs: list[Path], path: Path, colours: dict, interval: 
               "cross_unrewarded": "other categories, unrewarded pickups"}
     fig, axes = plt.subplots(1, len(RESPONSE), figsize=(5.2 * len(RESPONSE), 3.9), sharex=True, sharey=True)
     for ax, name in zip(axes, RESPONSE):
-        for d, reader in shown.items():
-            steps, values = response_curve(reader, name)
+        for d in shown:
+            steps, values = response_curve(d, name)
             mean, half = [], []
             for row in values:
                 kept = row[~np.isnan(row)]
@@ -226,7 +221,7 @@ def response_curves(plt, runs: list[Path], path: Path, colours: dict, interval: 
                 mean.append(m)
                 half.append(h)
             mean, half = np.array(mean), np.array(half)
-            ax.plot(steps, mean, color=colours[d], label=f"{label(d)} ({values.shape[1]} seed(s))")
+            ax.plot(steps, mean, color=colours[d], label=f"{d.label} ({values.shape[1]} seed(s))")
             ax.fill_between(steps, mean - half, mean + half, color=colours[d], alpha=0.2)
         ax.axhline(0, color="grey", lw=0.8)
         ax.axhline(1, color="grey", lw=0.8, ls=":")
@@ -249,7 +244,7 @@ def fruitbot_random_returns(run_dir: Path, train_tasks, test_tasks, episodes: in
     with training_levels on the run's training levels (as its actors play)."""
     from common.envs.fruitbot_jax import policy_returns
 
-    saved = json.loads((run_dir / "config.json").read_text())["args"]
+    saved = RunReader(run_dir).args
     game = {"paper": "paper", "hard": "stock-hard", "easy": "stock-easy"}[saved.get("distribution_mode", "hard")]
     require(episodes >= 2, f"--reference-episodes must be 0 or at least 2 for Fruitbot, got {episodes}")
     num_levels = saved.get("train_levels", 200) if training_levels else 0
@@ -262,7 +257,7 @@ def minihack_random_success(run_dir: Path, train_tasks, test_tasks, episodes: in
     evaluation), or with training_levels on the run's training levels (as its actors play)."""
     from common.envs.minihack import TRAIN_LEVELS, random_returns
 
-    saved = json.loads((run_dir / "config.json").read_text())["args"]
+    saved = RunReader(run_dir).args
     size = saved["room_size"]
     require(episodes >= 2, f"--reference-episodes must be 0 or at least 2 for MiniHack, got {episodes}")
     num_levels = saved.get("train_levels", TRAIN_LEVELS[size]) if training_levels else 0
@@ -270,15 +265,12 @@ def minihack_random_success(run_dir: Path, train_tasks, test_tasks, episodes: in
     return success[:len(train_tasks)], success[len(train_tasks):]
 
 
-def actor_returns_per_window(metrics_csv: Path, train_tasks, window: int) -> dict:
+def actor_returns_per_window(run: RunReader, train_tasks, window: int) -> dict:
     """seed -> (window end steps [W], returns [W, tasks]): the training actors' return per train task, pooled over
-    each `window` consecutive metrics.csv rows (tools.summarize.pooled_return: weighted by the rows' episodes)."""
-    with open_table(metrics_csv) as f:
-        rows = list(csv.DictReader(f))
+    each `window` consecutive metrics.csv rows (tools.run_reader.pooled_return: weighted by the rows' episodes)."""
     names = [format_task(w) for w in train_tasks]
     out = {}
-    for seed in sorted({int(r["seed"]) for r in rows}):
-        mine = [r for r in rows if int(r["seed"]) == seed]
+    for seed, mine in run.metrics_of_seeds().items():
         ends, values = [], []
         for start in range(0, len(mine) - window + 1, window):
             chunk = mine[start:start + window]
@@ -293,7 +285,7 @@ def actor_curves(plt, runs, train_tasks, window: int, random_success, reference_
     """One panel per train task: each run's actor return per window, mean and `interval` over its seeds."""
     fig, axes = plt.subplots(1, len(train_tasks), figsize=(5 * len(train_tasks), 3.8), sharey=True)
     for d in runs:
-        per_seed = actor_returns_per_window(d / "metrics.csv", train_tasks, window)
+        per_seed = actor_returns_per_window(d, train_tasks, window)
         length = min(len(steps) for steps, _ in per_seed.values())
         if length == 0:
             continue
@@ -301,7 +293,7 @@ def actor_curves(plt, runs, train_tasks, window: int, random_success, reference_
         values = np.stack([v[:length] for _, v in per_seed.values()])  # [seeds, W, tasks]
         for t, ax in enumerate(axes):
             mean = np.nanmean(values[:, :, t], 0)
-            ax.plot(steps, mean, color=colours[d], label=f"{label(d)} ({len(per_seed)} seed(s))")
+            ax.plot(steps, mean, color=colours[d], label=f"{d.label} ({len(per_seed)} seed(s))")
             if len(per_seed) > 1:
                 half = half_width(np.nanstd(values[:, :, t], 0, ddof=1), len(per_seed), interval)
                 ax.fill_between(steps, mean - half, mean + half, color=colours[d], alpha=0.2)
@@ -334,7 +326,7 @@ def task_bars(plt, tables: dict, step: int, test_tasks, references, title: str, 
         g = best_gpi(table)
         cells = [mean_spread(np.asarray(table[(step, n, g)]), interval) for n in names]
         ax.bar(np.arange(len(names)) + (i - (len(tables) - 1) / 2) * width, [m for m, _ in cells], width,
-               yerr=[e for _, e in cells], capsize=2, color=colours[d], label=label(d) + ("" if g else " (no GPI)"))
+               yerr=[e for _, e in cells], capsize=2, color=colours[d], label=d.label + ("" if g else " (no GPI)"))
     if references is not None:
         oracle, rand = references
         for j in range(len(names)):
@@ -361,7 +353,7 @@ def gpi_bars(plt, tables: dict, step: int, test_tasks, title: str, path: Path, c
             m, e = mean_spread(task_mean_per_seed(table, step, test_tasks, g), interval)
             ax.bar(i + offset, m, 0.4, yerr=e, capsize=3, color=colours[d], hatch=hatch, edgecolor="black",
                    label=("GPI over the train tasks" if g else "no GPI (act on w_test)") if i == 0 else None)
-    ax.set_xticks(range(len(tables)), [label(d) for d in tables], rotation=15, fontsize=8)
+    ax.set_xticks(range(len(tables)), [d.label for d in tables], rotation=15, fontsize=8)
     ax.set_ylabel("greedy return, mean over the test tasks")
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)
@@ -386,7 +378,7 @@ def aggregate(plt, tables: dict, step: int, test_tasks, references, path: Path) 
         if normalised:
             oracle, rand = (np.asarray(r) for r in references)
             returns = (returns - rand) / (oracle - rand)
-        scores[label(d) + ("" if g else " (no GPI)")] = returns
+        scores[d.label + ("" if g else " (no GPI)")] = returns
     iqm = lambda x: np.array([metrics.aggregate_iqm(x)])  # noqa: E731
     points, intervals = {}, {}
     state = np.random.get_state()

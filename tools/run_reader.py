@@ -3,26 +3,52 @@ as written or as tools.export packs them) and its saved agents, each parsed once
 
 A run directory is what a training script writes (docs/contract.md): config.json, metrics.csv, eval.csv, the
 parameter files params_seed<N>.eqx (or their compact .eqz), and, where tools.analyze played its agents,
-analysis/records.json. A protocol's merged run of seeds trained apart reads the same. What the protocol asks of a run
-while it trains (progress, complete) is read afresh at each call; the rest is parsed once."""
+analysis/records.json and analysis/per_seed.csv. A protocol's merged run of seeds trained apart reads the same. What
+the protocol asks of a run while it trains (progress, complete) is read afresh at each call; the rest is parsed once.
+A reader stands for its run in the tools' dicts (one reader per run: it is hashed by identity).
+
+What reads several runs or a record rather than one run is a module function: recorded_env (a config.json or a
+parameter file's header), env_tasks (runs that must share an env), tasks_of_env, pooled_return (metrics.csv rows)."""
 
 from __future__ import annotations
 
 import csv
 import json
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from common.run import (RESPONSE, open_table, pooled_response, read_table, require, response_means, response_sums,
-                        table_path)
+from common.run import (RESPONSE, format_task, open_table, pooled_response, read_table, require, response_means,
+                        response_sums, table_path)
+from tools.script_contract import run_label
+
+if TYPE_CHECKING:
+    from common.envs.babyai import GotoAvoid
 
 
-@dataclass
+class Evaluation(NamedTuple):
+    """A run's last evaluation (RunReader.last_evaluation): its step and eval.csv's rows at it."""
+
+    step: int
+    rows: list[dict]
+
+    @property
+    def returns(self) -> defaultdict[tuple[str, int], list[float]]:
+        """(task, gpi) -> each seed's mean greedy return, in the rows' seed order ([] for a cell the run lacks: a
+        method without GPI has no gpi 1)."""
+        return seed_returns(self.rows, lambda r: (r["task"], int(r["gpi"])))
+
+
+@dataclass(eq=False)
 class RunReader:
+    """A run directory read for the tools (module doc): construct one per run and ask it; each file is parsed at the
+    first question that needs it."""
+
     path: Path
     _cache: dict = field(default_factory=dict, repr=False)
 
@@ -42,26 +68,53 @@ class RunReader:
 
     @property
     def args(self) -> dict:
+        """The settings config.json records ({} for a copy of a run's eval.csv alone)."""
         return self.config.get("args", {})
+
+    @property
+    def env(self) -> str:
+        """The environment the run trained on, as its config.json records it (recorded_env)."""
+        return recorded_env(self.config)
+
+    @property
+    def label(self) -> str:
+        """The run's name in tables and figures (tools.script_contract.run_label: the method's name for the
+        repository's scripts, the exp_name for a copy; older runs without a config.json: the directory's name)."""
+        return run_label(self.config, self.path.name)
+
+    def babyai_room(self) -> GotoAvoid:
+        """The GotoAvoid room a BabyAI run trained in (its grid size, objects and episode length from config.json;
+        the paper's room for runs saved before they were settings): the room its references are played in."""
+        from common.envs import babyai  # (imported only where asked, as tasks_of_env's envs)
+
+        saved = self.args
+        return babyai.GotoAvoid(obs_mode="symbolic", grid_size=saved.get("grid_size", babyai.ROOM_SIZE),
+                                objects_per_category=saved.get("objects_per_category", babyai.OBJECTS_PER_CATEGORY),
+                                episode_steps=saved.get("episode_steps", babyai.MAX_STEPS))
 
     # ---- eval.csv
     def has_eval(self) -> bool:
+        """Whether the run has an eval.csv (as written or packed)."""
         return table_path(self.path / "eval.csv").exists()
 
     @cached_property
     def eval_rows(self) -> list[dict]:
         """eval.csv's rows as dicts of strings (docs/contract.md); one line where the run has none."""
-        require(self.has_eval(), f"no eval.csv in {self.path}; pass run directories")
-        with open_table(self.path / "eval.csv") as f:
-            return list(csv.DictReader(f))
+        return self._table_rows("eval.csv")
 
     @cached_property
-    def returns(self) -> dict[tuple[int, str, int], list[float]]:
-        """(step, task, gpi) -> each seed's mean greedy return, in the rows' seed order."""
-        table = defaultdict(list)
-        for r in self.eval_rows:
-            table[(int(r["step"]), r["task"], int(r["gpi"]))].append(float(r["return_mean"]))
-        return dict(table)
+    def returns(self) -> defaultdict[tuple[int, str, int], list[float]]:
+        """(step, task, gpi) -> each seed's mean greedy return, in the rows' seed order ([] for a cell the run
+        lacks)."""
+        return seed_returns(self.eval_rows, lambda r: (int(r["step"]), r["task"], int(r["gpi"])))
+
+    def last_evaluation(self) -> Evaluation:
+        """The run's last evaluated step and eval.csv's rows at it (what the tables report as its final returns);
+        one line where eval.csv has no rows yet."""
+        rows = self.eval_rows
+        require(bool(rows), f"{self.path / 'eval.csv'} has no evaluation rows yet")
+        step = max(int(r["step"]) for r in rows)
+        return Evaluation(step, [r for r in rows if int(r["step"]) == step])
 
     def response(self) -> dict[int, dict[int, dict[str, float]]]:
         """The cumulant response over training: step -> seed -> {RESPONSE name: mean over that evaluation's
@@ -75,6 +128,48 @@ class RunReader:
         for (step, seed), group in sorted(rows.items()):
             out[step][seed] = pooled_response(group)
         return dict(out)
+
+    # ---- metrics.csv
+    def has_metrics(self) -> bool:
+        """Whether the run has a metrics.csv (as written or packed)."""
+        return table_path(self.path / "metrics.csv").exists()
+
+    @cached_property
+    def metrics_rows(self) -> list[dict]:
+        """metrics.csv's rows as dicts of strings (docs/contract.md); one line where the run has none."""
+        return self._table_rows("metrics.csv")
+
+    def metrics_of_seeds(self) -> dict[int, list[dict]]:
+        """seed -> its metrics.csv rows in the order logged, seeds in order: the training actors' windows of each
+        seed."""
+        seeds: dict[int, list[dict]] = {}
+        for r in self.metrics_rows:
+            seeds.setdefault(int(r["seed"]), []).append(r)
+        return dict(sorted(seeds.items()))
+
+    def actor_returns(self, from_step: int, train_tasks) -> dict[tuple[int, str], tuple[float, float, float]]:
+        """(seed, task) -> (mean return, its s.e., episodes) of the training actors' episodes that ended in the
+        metrics.csv rows after from_step (pooled_return); metrics.csv must count the episodes of each row."""
+        metrics_csv = self.path / "metrics.csv"
+        rows = self.metrics_rows
+        names = [format_task(w) for w in train_tasks]
+        require(rows and f"episodes_train_{names[0]}" in rows[0],
+                f"{metrics_csv} has no episodes_train_* columns (written since 2026-11-28): its runs' returns cannot "
+                "be pooled over episodes; leave out --actors-from")
+        out = {}
+        for seed, mine in self.metrics_of_seeds().items():
+            later = [r for r in mine if int(r["step"]) > from_step]
+            require(later, f"{metrics_csv} has no rows of seed {seed} after step {from_step:,}; pass an earlier step")
+            for t in names:
+                out[(seed, t)] = pooled_return(later, t)
+        return out
+
+    def _table_rows(self, name: str) -> list[dict]:
+        """A table's rows (eval.csv, metrics.csv, as written or packed) as dicts of strings; one line where the run
+        has none."""
+        require(table_path(self.path / name).exists(), f"no {name} in {self.path}; pass run directories")
+        with open_table(self.path / name) as f:
+            return list(csv.DictReader(f))
 
     # ---- progress: read afresh at each call (the protocol asks while the run trains, and merges into it)
     def progress(self) -> tuple[int, int | None]:
@@ -94,7 +189,7 @@ class RunReader:
                  if table_path(evaluated).exists() else [])
         return bool(total and steps and max(steps) >= total)
 
-    # ---- saved agents and analysis/records.json
+    # ---- saved agents and analysis/ (tools.analyze)
     def saved_agents(self) -> list[Path]:
         """The run's parameter files: params_seed<N>.eqx as written, or their compact .eqz (tools.compact_agents)."""
         return sorted([*self.path.glob("params_seed*.eqx"), *self.path.glob("params_seed*.eqz")])
@@ -108,6 +203,16 @@ class RunReader:
         """tools.analyze's seed records of this run (analysis/records.json; [] where it was not analysed)."""
         file = self.path / "analysis" / "records.json"
         return json.loads(file.read_text()) if file.exists() else []
+
+    @cached_property
+    def analysis_rows(self) -> list[dict]:
+        """tools.analyze's per-seed, per-task rows of this run (analysis/per_seed.csv, Table A's errors among them;
+        [] where it was not analysed)."""
+        file = self.path / "analysis" / "per_seed.csv"
+        if not file.exists():
+            return []
+        with file.open() as f:
+            return list(csv.DictReader(f))
 
 
 def complete(run_dir: Path) -> bool:
@@ -125,7 +230,69 @@ def analyzed(run_dir: Path) -> bool:
     return RunReader(run_dir).analyzed()
 
 
+def seed_returns(rows: Iterable[dict], key: Callable[[dict], tuple]) -> defaultdict[tuple, list[float]]:
+    """key(row) -> each seed's mean greedy return (eval.csv's return_mean), in the rows' order: the one way the
+    tables and figures gather eval.csv's returns."""
+    table = defaultdict(list)
+    for r in rows:
+        table[key(r)].append(float(r["return_mean"]))
+    return table
+
+
+def recorded_env(record: dict) -> str:
+    """The env of a run's config.json or a parameter file's header: their "env". Files written before they
+    recorded it are read by their arguments: --env where the script has one, msfa_minihack.py's and
+    msfa_fruitbot.py's by their env settings, else BabyAI."""
+    if record.get("env"):
+        return record["env"]
+    saved = record.get("args", {})
+    if saved.get("env"):
+        return saved["env"]
+    return "minihack" if "room_size" in saved else "fruitbot" if "distribution_mode" in saved else "babyai"
+
+
+def env_tasks(runs: Iterable[RunReader | Path | str]) -> tuple[np.ndarray, np.ndarray]:
+    """(train tasks, test tasks) of the runs' environment (run directories, or their readers where a tool has them);
+    runs of different environments are refused."""
+    envs = {(run if isinstance(run, RunReader) else RunReader(run)).env for run in runs}
+    require(len(envs) == 1, f"the runs trained on different environments ({', '.join(sorted(envs))}); pass runs of one")
+    return tasks_of_env(envs.pop())
+
+
+def tasks_of_env(env: str) -> tuple[np.ndarray, np.ndarray]:
+    """(train tasks, test tasks) of an environment (imported only where asked: each needs its own packages)."""
+    if env == "fruitbot":
+        from common.envs import fruitbot
+
+        return fruitbot.TRAIN_TASKS, fruitbot.TEST_TASKS
+    if env == "minihack":
+        from common.envs import minihack
+
+        return minihack.TRAIN_TASKS, minihack.TEST_TASKS
+    from common.envs import babyai
+
+    return babyai.TRAIN_TASKS, babyai.TEST_TASKS
+
+
+def pooled_return(rows: list[dict], task: str) -> tuple[float, float, float]:
+    """(mean, s.e., episodes) of the training actors' return on `task` over metrics.csv rows: each row's mean
+    weighted by its episode count (episodes_train_<task>; where metrics.csv predates the counts, 1 for every row
+    that ended an episode of the task); the s.e. treats rows as clusters (the episodes of one row share a policy;
+    valid for any return distribution)."""
+    returns = [r[f"return_train_{task}"] for r in rows]
+    m = np.asarray([float(x) if x else 0.0 for x in returns])
+    if rows and f"episodes_train_{task}" in rows[0]:
+        n = np.asarray([float(r[f"episodes_train_{task}"]) for r in rows])
+    else:
+        n = np.asarray([1.0 if x else 0.0 for x in returns])
+    total, k = n.sum(), int((n > 0).sum())
+    mean = (n * m).sum() / total if total else float("nan")
+    se = np.sqrt((n**2 * (m - mean) ** 2).sum() * k / (k - 1)) / total if k > 1 else float("nan")
+    return float(mean), float(se), float(total)
+
+
 def parse_task(task: str) -> np.ndarray:
+    """A task as eval.csv and the records write it ("1,0,-1,0") back to its vector."""
     return np.array([float(x) for x in task.split(",")], np.float32)
 
 

@@ -18,7 +18,6 @@ for every shorter budget at the same settings.
 
 from __future__ import annotations
 
-import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +26,8 @@ import numpy as np
 import tyro
 
 from common.envs.babyai import TRAIN_TASKS, bfs_oracle_returns
-from common.run import exit_on_config_error, format_task, open_table, require, table_path
-from tools.summarize import babyai_room
+from common.run import exit_on_config_error, format_task, require
+from tools.run_reader import RunReader
 
 TRAIN = {format_task(w) for w in TRAIN_TASKS}
 CRITERION_METHODS = ("msfa", "usfa")
@@ -49,13 +48,12 @@ class Args:
     """judge each run as if it had stopped at these env steps per seed (default: its own --total-timesteps)"""
 
 
-def train_returns(run_dir: Path) -> dict[int, np.ndarray]:
+def train_returns(run: RunReader) -> dict[int, np.ndarray]:
     """step -> each seed's mean greedy train-task return without GPI at that evaluation."""
     per = {}
-    with open_table(run_dir / "eval.csv") as f:
-        for row in csv.DictReader(f):
-            if row["split"] == "train" and row["gpi"] == "0" and row["task"] in TRAIN:
-                per.setdefault(int(row["step"]), {}).setdefault(int(row["seed"]), []).append(float(row["return_mean"]))
+    for row in run.eval_rows:
+        if row["split"] == "train" and row["gpi"] == "0" and row["task"] in TRAIN:
+            per.setdefault(int(row["step"]), {}).setdefault(int(row["seed"]), []).append(float(row["return_mean"]))
     return {step: np.array([np.mean(v) for _, v in sorted(seeds.items())]) for step, seeds in sorted(per.items())}
 
 
@@ -64,22 +62,22 @@ def judge(out: Path, oracle_episodes: int, budget: int | None = None) -> list[di
     protocol = json.loads((out / "protocol.json").read_text())
     rows = []
     for method in protocol["methods"]:
-        run = out / method
-        require(table_path(run / "eval.csv").exists(), f"{run} has no eval.csv: its runs are not complete (merged) yet")
-        saved = json.loads((run / "config.json").read_text())["args"]
+        run = RunReader(out / method)
+        require(run.has_eval(), f"{run.path} has no eval.csv: its runs are not complete (merged) yet")
+        saved = run.args
         total = saved["total_timesteps"]
         require(budget is None or budget <= total,
-                f"--budgets {budget:,} is beyond {run}'s {total:,} env steps: pass budgets up to its own")
+                f"--budgets {budget:,} is beyond {run.path}'s {total:,} env steps: pass budgets up to its own")
         total = budget or total
         returns = {step: r for step, r in train_returns(run).items() if step <= total}
         steps = sorted(returns)
-        require(len(steps) >= 2, f"{run} has fewer than 2 evaluations up to {total:,} env steps")
+        require(len(steps) >= 2, f"{run.path} has fewer than 2 evaluations up to {total:,} env steps")
         last = steps[-1]
         earlier = min(steps, key=lambda s: abs(s - 0.8 * last))
         room = tuple(saved.get(k) for k in ("grid_size", "objects_per_category", "episode_steps"))
         if (room, oracle_episodes) not in ORACLE:  # the same room for every method and budget: played once
             ORACLE[room, oracle_episodes] = float(np.mean(
-                bfs_oracle_returns(TRAIN_TASKS, oracle_episodes, env=babyai_room(run))[0]))
+                bfs_oracle_returns(TRAIN_TASKS, oracle_episodes, env=run.babyai_room())[0]))
         oracle = ORACLE[room, oracle_episodes]
         end, before = returns[last], returns[earlier]
         setting = ", ".join(f"{name} {saved[key]}" for name, key in SETTING if key in saved)

@@ -33,7 +33,7 @@ import tyro
 from common.run import exit_on_config_error, format_task, require
 from tools.script_contract import has_psi, play_names, require_names
 from tools.evaluate import greedy_step, load_agent, params_files, parse_tasks
-from tools.summarize import recorded_env, tasks_of_env
+from tools.run_reader import recorded_env, tasks_of_env
 
 CATEGORY_NAMES = {
     "babyai": ("red ball", "blue ball", "green key", "yellow box"),

@@ -29,7 +29,7 @@ def merge_seeds(protocol: Protocol, name: str) -> bool:
         for params in saved_agents(d):
             (out / params.name).unlink(missing_ok=True)
             os.link(params, out / params.name)
-    config = json.loads((seed_dirs[0] / "config.json").read_text())
+    config = RunReader(seed_dirs[0]).config
     config["args"] |= {"seed": 1, "num_seeds": seeds_of(protocol, name)}
     config["seeds_trained_apart"] = [str(d.relative_to(out)) for d in seed_dirs]
     config = portable_config(config, run_dir_as=str(seed_dirs[0].relative_to(out)))  # (the command is its seed's)
