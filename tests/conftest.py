@@ -26,8 +26,7 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 # ------------------------------------------------------------------------------------------------------- the tiers
 SLOW = {  # test file -> the tests (names, parametrisations aside) in the slow tier, or "*" for all of them
     # whole files: trained runs and what reads them
-    "test_learning.py": "*",  # MSFA trained until it learns
-    "test_first_run.py": "*",  # the README's first run, as written
+    "test_learning.py": "*",  # the README's first run, as written: MSFA trained until it learns
     "test_slurm.py": "*",  # a one-node SLURM cluster
     "test_scale.py": "*",  # the protocol's real runs, killed and resumed
     "test_copy_and_modify.py": "*",  # copies trained tiny, then every tool on them
@@ -98,6 +97,10 @@ EXHAUSTIVE = {  # test file -> tests (with their parametrisation) that repeat a 
                                   for c in ("msfa_fruitbot", "msfa_minihack", "single_module")),
     "test_farm_fast.py": tuple(f"test_the_fused_backend_computes_farm[{c}]"
                                for c in ("msfa_fruitbot", "msfa_minihack", "single_module")),
+    # the previous reward perturbed through the SGD step: CI takes every BabyAI case, both FARM backends on BabyAI's
+    # MSFA and the plain FARM on Fruitbot's and MiniHack's (the one-step test covers every case and backend)
+    "test_reward_input.py": tuple(f"test_the_sgd_step_reads_the_reward_input_only_with_reward_input_on[{c}]" for c in (
+        "msfa_fruitbot-fused", "msfa_minihack-fused", "usfa-learned_fruitbot-None", "usfa-learned_minihack-None")),
     # the benchmark commands (tools that measure, asserting nothing of the method): CI runs the MiniHack env rows and
     # the FLOP count they all use
     "test_benchmarks.py": ("test_the_learner_benchmark_runs_tiny[msfa]", "test_the_learner_benchmark_runs_tiny[usfa]",
@@ -110,13 +113,14 @@ minutes on 2 cores; `pytest --exhaustive` adds them (run it before changing what
 an env backend, a FARM backend). A test named on the command line (file::test) always runs."""
 
 
-LONGEST_FIRST = ("test_scale.py", "test_learning.py", "test_first_run.py", "test_fruitbot_jax.py", "test_msfa_fruitbot.py",
-                 "test_learners.py", "test_msfa_minihack.py", "test_runs.py", "test_copy_and_modify.py",
-                 "test_slurm.py", "test_analyze.py", "test_fruitbot_baselines.py", "test_fruitbot_replay.py",
-                 "test_minihack_baselines.py", "test_farm_kernels.py", "test_video.py", "test_babyai_equivalence.py")
-"""The files whose tests take longest (plain pytest's durations on 2 cores, 2026-12-03: 550 s down to 95 s),
-collected first: pytest-xdist hands a worker one file at a time in collection order, and a long file left to the
-end keeps one worker busy while the other has nothing left to do. The rest follow in their usual order."""
+LONGEST_FIRST = ("test_scale.py", "test_fruitbot_jax.py", "test_learners.py", "test_runs.py", "test_msfa_fruitbot.py",
+                 "test_msfa_minihack.py", "test_learning.py", "test_copy_and_modify.py", "test_analyze.py",
+                 "test_slurm.py", "test_fruitbot_baselines.py", "test_reward_input.py", "test_minihack_baselines.py",
+                 "test_fruitbot_replay.py", "test_video.py", "test_farm_kernels.py", "test_babyai.py")
+"""The files whose tests take longest (plain pytest's durations on 2 cores, 2026-12-06: 870 s down to 90 s),
+collected first: pytest-xdist hands a worker one file at a time in collection order (with --no-loadscope-reorder,
+pytest.ini: by default xdist 3 hands out the files with the most tests first), and a long file left to the end keeps
+one worker busy while the other has nothing left to do. The rest follow in their usual order."""
 
 
 def pytest_addoption(parser):

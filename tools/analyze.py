@@ -50,6 +50,7 @@ from common.run import (RESPONSE, cumulant_quality, cumulant_response, cumulant_
 from tools import script_contract
 from tools.script_contract import play_names, require_names, run_label
 from tools.evaluate import greedy_step, load_agent, params_files, parse_tasks
+from tools.figures import save_figure
 from tools.run_reader import RunReader, record_response
 
 PAPER_TABLE_A = {  # the paper's Table A: task -> (MSFA, USFA-learned-phi), mean ± std over 40 episodes per task
@@ -454,7 +455,7 @@ def plot_response(runs: dict[str, list[dict]], path: Path) -> bool:
                  "detector is ~1 on its own category only,\na reward detector ~1 at every rewarded pickup and ~0 at "
                  "unrewarded ones; with the previous reward 0 a reward detector drops", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
+    save_figure(fig, path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -483,7 +484,7 @@ def plot_heatmaps(counts: dict[str, np.ndarray], tasks: np.ndarray, path: Path) 
     fig.colorbar(image, ax=axes[0].tolist(), label="pickups per episode")
     fig.suptitle("Pickups per episode of each category on the test tasks (bold: categories the task rewards)",
                  fontsize=10)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    save_figure(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -509,7 +510,7 @@ def plot_activity(activity: dict[str, tuple], task: np.ndarray, path: Path) -> N
         ax.set_ylabel("contribution to Q")
         ax.legend(fontsize=7, loc="upper right", ncol=groups)
     axes[-1, 0].set_xlabel(f"step of one greedy episode of task [{format_task(task)}]")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    save_figure(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -40,6 +40,7 @@ from scipy import stats
 
 from common.envs.babyai import bfs_oracle_returns, random_policy_returns
 from common.run import RESPONSE, exit_on_config_error, format_task, require
+from tools.figures import save_figure
 from tools.run_reader import RunReader, env_tasks, pooled_return, response_curve
 
 
@@ -159,7 +160,7 @@ def main(args: Args) -> None:
     axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(f"Learning curves ({seed_text})")
     fig.tight_layout()
-    fig.savefig(out / "learning_curves.png", dpi=120)
+    save_figure(fig, out / "learning_curves.png", dpi=120)
     plt.close(fig)
 
     # returns per test task at the latest shared step
@@ -233,7 +234,7 @@ def response_curves(plt, runs: list[RunReader], path: Path, colours: dict, inter
     fig.suptitle("The learned cumulants' response over training (category detector: 1, 1, 0, 0; reward detector: "
                  f"1, 0, 1, 0; {INTERVAL_TEXT[interval]})", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return True
 
@@ -311,7 +312,7 @@ def actor_curves(plt, runs, train_tasks, window: int, random_success, reference_
     else:  # no run has a whole window of log rows yet, and no random-play reference was asked for
         axes[0].text(0.5, 0.5, f"no run has {window} log rows yet", transform=axes[0].transAxes, ha="center")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -340,7 +341,7 @@ def task_bars(plt, tables: dict, step: int, test_tasks, references, title: str, 
     ax.legend(fontsize=7, ncol=3)
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -358,7 +359,7 @@ def gpi_bars(plt, tables: dict, step: int, test_tasks, title: str, path: Path, c
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -407,7 +408,7 @@ def aggregate(plt, tables: dict, step: int, test_tasks, references, path: Path) 
                  "95% stratified-bootstrap confidence intervals (rliable)", fontsize=9)
     ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
