@@ -484,7 +484,9 @@ def make_network(args: Args, key) -> MSFANetwork:
 def make_setup(args: Args) -> Setup:
     env = GotoAvoid(obs_mode="symbolic", truncate_task_input=args.truncate_task_input, grid_size=args.grid_size,
                     objects_per_category=args.objects_per_category, episode_steps=args.episode_steps)
-    _, static = eqx.partition(make_network(args, jax.random.PRNGKey(0)), eqx.is_inexact_array)
+    # the network's structure, its weights only shapes (eval_shape: nothing computed; every array in it is a weight)
+    _, static = eqx.partition(eqx.filter_eval_shape(make_network, args, jax.random.PRNGKey(0)),
+                              lambda x: isinstance(x, jax.ShapeDtypeStruct))
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm),
                             optax.adam(args.learning_rate, eps=args.adam_eps))
     buffer = fbx.make_prioritised_item_buffer(
@@ -688,7 +690,9 @@ def main(args: Args) -> None:
     run = RunDir(args, "babyai", method_name(args), total_steps)  # refuses a used, missing or unwritable directory
     setup = make_setup(args)
     seeds = [args.seed + i for i in range(args.num_seeds)]
-    state = jax.vmap(lambda k: init_train_state(setup, args, k))(jnp.stack([jax.random.PRNGKey(s) for s in seeds]))
+    # jitted: one compile builds every seed's networks, where eager ops would compile one by one
+    state = jax.jit(jax.vmap(lambda k: init_train_state(setup, args, k)))(
+        jnp.stack([jax.random.PRNGKey(s) for s in seeds]))
     num_params = count_params(eqx.combine(jax.tree.map(lambda x: x[0], state.params), setup.static))
     print(f"{method_name(args)} network: {num_params:,} parameters", flush=True)
     if args.resume:

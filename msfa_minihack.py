@@ -532,7 +532,9 @@ def make_env(args: Args, num_envs: int, seed: int, tasks=TRAIN_TASKS, num_levels
 def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
     """seeds: whose training envs to build (none: a setup for the network, losses and evaluation only)."""
     envs = [make_env(args, args.num_envs, seed) for seed in (seeds or [])]
-    _, static = eqx.partition(make_network(args, jax.random.PRNGKey(0)), eqx.is_inexact_array)
+    # the network's structure, its weights only shapes (eval_shape: nothing computed; every array in it is a weight)
+    _, static = eqx.partition(eqx.filter_eval_shape(make_network, args, jax.random.PRNGKey(0)),
+                              lambda x: isinstance(x, jax.ShapeDtypeStruct))
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm),
                             optax.adam(args.learning_rate, eps=args.adam_eps))
     buffer = fbx.make_prioritised_item_buffer(

@@ -684,7 +684,9 @@ def make_setup(args: Args, seeds: list[int] | None = None) -> Setup:
         env = GotoAvoid(obs_mode="symbolic", truncate_task_input=args.truncate_task_input, grid_size=args.grid_size,
                         objects_per_category=args.objects_per_category, episode_steps=args.episode_steps)
         env_params, render = env.make_params(babyai.TRAIN_TASKS), env.rgb_from_symbolic
-    _, static = eqx.partition(make_network(args, jax.random.PRNGKey(0)), eqx.is_inexact_array)
+    # the network's structure, its weights only shapes (eval_shape: nothing computed; every array in it is a weight)
+    _, static = eqx.partition(eqx.filter_eval_shape(make_network, args, jax.random.PRNGKey(0)),
+                              lambda x: isinstance(x, jax.ShapeDtypeStruct))
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm),
                             optax.adam(args.learning_rate, eps=args.adam_eps))
     buffer = fbx.make_prioritised_item_buffer(
@@ -1018,11 +1020,12 @@ def main(args: Args) -> None:
             fresh_actors(setup, args, *jax.random.split(jax.random.fold_in(k, 1)), seed_index=i)
             for i, k in enumerate(keys)])
 
+    # jitted: one compile builds every seed's networks (eager ops would compile one by one), and the replay
+    # (Fruitbot's frames: tens of GB at the paper's size) is allocated once
     if args.env in LEVEL_ENVS:
-        # jitted, so that the replay (Fruitbot's frames: tens of GB at the paper's size) is allocated once
         state = jax.jit(jax.vmap(lambda k, a: init_train_state(setup, args, k, a)))(keys, actors_of_every_seed())
     else:
-        state = jax.vmap(lambda k: init_train_state(setup, args, k))(keys)
+        state = jax.jit(jax.vmap(lambda k: init_train_state(setup, args, k)))(keys)
     num_params = count_params(eqx.combine(jax.tree.map(lambda x: x[0], state.params), setup.static))
     states = f" of game states (frames: {replay_bytes(args, frames=True) / 2**30:.2f} GiB)"
     print(f"{method_name(args)} network: {num_params:,} parameters; replay "

@@ -1,5 +1,5 @@
 """MSFA learns, and the README's first run is the run that shows it: its commands run as the README writes them
-(MSFA on BabyAI in a 6 x 6 room with networks a quarter as wide, 192k env steps, then tools.summarize and
+(MSFA on BabyAI in a 6 x 6 room with networks a quarter as wide, 128k env steps, then tools.summarize and
 tools.plot), and the saved agent is checked path by path on greedy episodes of the train tasks, the way
 tools.analyze plays them.
 

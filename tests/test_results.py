@@ -138,6 +138,39 @@ def test_plot_refuses_a_directory_without_evaluations(tmp_path, capsys):
     assert exit_info.value.code == 2 and len(err) == 1 and "no eval.csv" in err[0]
 
 
+def test_plot_reads_babyais_stored_references_and_plays_only_when_asked_or_unstored(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from common.envs.babyai import TEST_TASKS, TRAIN_TASKS
+    from tools import plot, reference_returns
+    from tools.run_reader import RunReader
+
+    played = []
+
+    def fake_play(tasks, num_episodes, env=None):
+        played.append(num_episodes)
+        return np.full(len(tasks), 5.0), None
+
+    monkeypatch.setattr(plot, "bfs_oracle_returns", fake_play)
+    monkeypatch.setattr(plot, "random_policy_returns", fake_play)
+    run = fake_run(tmp_path, "b", "MSFA", (10, 20), (0, 1), 1.0)
+    room = RunReader(run).babyai_room()
+    entry = reference_returns.stored("babyai", reference_returns.room_setting(room))
+    assert entry is not None  # the default room's references are committed
+    (oracle, rand), random_lines, episodes = plot.babyai_references(room, TRAIN_TASKS, TEST_TASKS, None)
+    assert played == [] and episodes == entry["episodes"]
+    assert oracle.tolist() == [entry["returns"]["BFS oracle"][format_task(w)]["mean"] for w in TEST_TASKS]
+    assert rand.tolist() == random_lines[1].tolist()
+    assert random_lines[0].tolist() == [entry["returns"]["random"][format_task(w)]["mean"] for w in TRAIN_TASKS]
+    assert plot.babyai_references(room, TRAIN_TASKS, TEST_TASKS, 7)[2] == 7 and played == [7, 7, 7]
+    unstored = SimpleNamespace(grid_size=7, objects_per_category=2, episode_steps=33)
+    assert plot.babyai_references(unstored, TRAIN_TASKS, TEST_TASKS, None)[2] == plot.PLAYED_EPISODES
+    assert played[3:] == [plot.PLAYED_EPISODES] * 3
+    played.clear()
+    plot.main(plot.Args(run_dirs=(run,), out=str(tmp_path / "figures")))  # the default: the stored ones, none played
+    assert played == [] and (tmp_path / "figures" / "test_tasks.png").exists()
+
+
 def test_comparison_table_reads_runs_at_their_shared_step(tmp_path, capsys):
     from tools import compare_runs
 

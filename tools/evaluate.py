@@ -113,7 +113,9 @@ def load_agent(path: Path):
         fields = {f.name for f in dataclasses.fields(script.Args)}
         args = script.Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in header["args"].items()
                               if k in fields})
-        skeleton, _ = eqx.partition(script.make_network(args, jax.random.PRNGKey(0)), eqx.is_inexact_array)
+        # the weights' shapes only (eval_shape computes nothing); every array of the networks is a weight
+        skeleton = eqx.filter(eqx.filter_eval_shape(script.make_network, args, jax.random.PRNGKey(0)),
+                              lambda x: isinstance(x, jax.ShapeDtypeStruct))
         try:
             params = eqx.tree_deserialise_leaves(f, skeleton)
         except Exception as e:  # equinox raises several types for short or mismatched files

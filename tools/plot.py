@@ -1,14 +1,15 @@
 """Figures of runs' evaluations (PNG, matplotlib): learning curves, and per-test-task returns next to references.
 
-    python -m tools.plot results/babyai/comparison/* --out results/babyai/figures [--reference-episodes 100]
+    python -m tools.plot results/babyai/comparison/* --out results/babyai/figures [--reference-episodes N]
 
 - learning_curves.png: mean greedy return over the train tasks (without GPI), over the test tasks with GPI where the
   method has it, and (when a run has GPI) over the test tasks without GPI for every method, against env steps: the
   mean over seeds of each seed's task-mean, shaded by --interval over seeds.
 - test_tasks.png (the paper's Figure 3 layout): per test task, every method's return at the latest step all runs
   evaluated (mean and --interval over seeds; GPI where the method has it), with the BFS oracle's and random play's
-  returns as reference lines (BabyAI; for MiniHack random play's success rate, on the learning curves too;
-  --reference-episodes 0 leaves them out).
+  returns as reference lines (BabyAI: the references stored for the run's room in results/references.json, as
+  tools.summarize reads them, else played now; for MiniHack random play's success rate, on the learning curves too;
+  --reference-episodes N plays them now over N episodes per task, 0 leaves them out).
 - modularity.png (the paper's Figure 4a), when two or more MSFA variants are given: the same layout for MSFA and its
   entangled-phi/psi ablations alone.
 - gpi_ablation.png (Figure 4b): per SF method, the mean test-task return with GPI over the train tasks and acting
@@ -40,6 +41,7 @@ from scipy import stats
 
 from common.envs.babyai import bfs_oracle_returns, random_policy_returns
 from common.run import RESPONSE, exit_on_config_error, format_task, require
+from tools import reference_returns
 from tools.figures import save_figure
 from tools.run_reader import RunReader, env_tasks, pooled_return, response_curve
 
@@ -50,14 +52,18 @@ class Args:
     """run directories (each with eval.csv and config.json)"""
     out: str = "figures"
     """folder the PNG files go to"""
-    reference_episodes: int = 100
-    """episodes per task for the references (0: none): BabyAI's BFS oracle and random play, MiniHack's random play"""
+    reference_episodes: int | None = None
+    """episodes per task for the references played now (0: none): BabyAI's BFS oracle and random play, MiniHack's and
+    Fruitbot's random play; default: BabyAI's stored ones for the run's room (results/references.json), where
+    stored, else played now over 100"""
     actor_window: int = 5
     """metrics.csv rows pooled into one point of actors.png"""
     interval: Literal["se", "ci95"] = "se"
     """the spread over seeds drawn as bands and error bars: one standard error, or the 95% Student's t interval"""
 
 
+PLAYED_EPISODES = 100
+"""episodes per task of references played now where --reference-episodes is not given and none are stored"""
 INTERVAL_TEXT = {"se": "mean ± s.e. over seeds", "ci95": "mean and 95% t-interval over seeds"}
 
 
@@ -103,26 +109,27 @@ def main(args: Args) -> None:
 
     runs = [RunReader(d) for d in args.run_dirs]
     require(runs, "pass at least one run directory")
-    require(args.reference_episodes >= 0, f"--reference-episodes must not be negative, got {args.reference_episodes}")
+    require(args.reference_episodes is None or args.reference_episodes >= 0,
+            f"--reference-episodes must not be negative, got {args.reference_episodes}")
+    episodes = PLAYED_EPISODES if args.reference_episodes is None else args.reference_episodes
     require(args.actor_window >= 1, f"--actor-window must be at least 1, got {args.actor_window}")
     tables = {d: d.returns for d in runs}  # (one line where a run has no eval.csv: RunReader.eval_rows)
     train_tasks, test_tasks = env_tasks(runs)
     env = runs[0].env
     # references: (BFS oracle or None, random play) per test task; random_lines: random play per train/test task
     references, random_lines = None, None
-    if args.reference_episodes and env == "babyai":  # the BFS oracle exists for BabyAI only
+    if episodes and env == "babyai":  # the BFS oracle exists for BabyAI only
         rooms = {d: d.babyai_room() for d in runs}
         sizes = {(r.grid_size, r.objects_per_category, r.episode_steps) for r in rooms.values()}
         require(len(sizes) == 1, f"the runs trained in different rooms (grid size, objects per category, episode "
                                  f"length: {sorted(sizes)}); plot each room's runs apart")
-        room = rooms[runs[0]]
-        references = (bfs_oracle_returns(test_tasks, args.reference_episodes, env=room)[0],
-                      random_policy_returns(test_tasks, args.reference_episodes, env=room)[0])
-    if args.reference_episodes and env == "minihack":
-        random_lines = minihack_random_success(runs[0].path, train_tasks, test_tasks, args.reference_episodes)
+        references, random_lines, episodes = babyai_references(rooms[runs[0]], train_tasks, test_tasks,
+                                                               args.reference_episodes)
+    if episodes and env == "minihack":
+        random_lines = minihack_random_success(runs[0].path, train_tasks, test_tasks, episodes)
         references = (None, random_lines[1])
-    if args.reference_episodes and env == "fruitbot":
-        random_lines = fruitbot_random_returns(runs[0].path, train_tasks, test_tasks, args.reference_episodes)
+    if episodes and env == "fruitbot":
+        random_lines = fruitbot_random_returns(runs[0].path, train_tasks, test_tasks, episodes)
         references = (None, random_lines[1])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -148,7 +155,7 @@ def main(args: Args) -> None:
     if random_lines is not None:
         for ax, (_, _, _, split) in zip(axes, panels):
             ax.axhline(np.mean(random_lines[split]), color="grey", linestyle=":",
-                       label=f"random play ({args.reference_episodes} episodes per task)")
+                       label=f"random play ({episodes} episodes per task)")
     for ax, (title, _, _, _) in zip(axes, panels):
         ax.set_title(title)
     for ax in axes:
@@ -187,13 +194,13 @@ def main(args: Args) -> None:
     with_metrics = [d for d in runs if d.has_metrics()]
     if with_metrics:
         actor_references = None
-        if args.reference_episodes and env == "minihack":
-            actor_references = minihack_random_success(runs[0].path, train_tasks, test_tasks, args.reference_episodes,
+        if episodes and env == "minihack":
+            actor_references = minihack_random_success(runs[0].path, train_tasks, test_tasks, episodes,
                                                        training_levels=True)[0]
-        if args.reference_episodes and env == "fruitbot":
-            actor_references = fruitbot_random_returns(runs[0].path, train_tasks, test_tasks, args.reference_episodes,
+        if episodes and env == "fruitbot":
+            actor_references = fruitbot_random_returns(runs[0].path, train_tasks, test_tasks, episodes,
                                                        training_levels=True)[0]
-        actor_curves(plt, with_metrics, train_tasks, args.actor_window, actor_references, args.reference_episodes,
+        actor_curves(plt, with_metrics, train_tasks, args.actor_window, actor_references, episodes,
                      out / "actors.png", colours, args.interval)
         written.append("actors.png")
     print(f"wrote {', '.join(str(out / f) for f in written)} (step {step:,})")
@@ -235,6 +242,24 @@ def response_curves(plt, runs: list[RunReader], path: Path, colours: dict, inter
     save_figure(fig, path, dpi=110)
     plt.close(fig)
     return True
+
+
+def babyai_references(room, train_tasks, test_tasks, episodes: int | None):
+    """((BFS oracle, random play) per test task, (random play per train task, per test task), episodes per task):
+    mean returns in the run's room; with episodes None the ones stored for the room (results/references.json, as
+    tools.summarize reads them) where stored, else played now over that many episodes per task (PLAYED_EPISODES
+    where None)."""
+    entry = reference_returns.stored("babyai", reference_returns.room_setting(room)) if episodes is None else None
+    if entry is None:
+        played = PLAYED_EPISODES if episodes is None else episodes
+        oracle = bfs_oracle_returns(test_tasks, played, env=room)[0]
+        rand = [random_policy_returns(tasks, played, env=room)[0] for tasks in (train_tasks, test_tasks)]
+    else:
+        returns = entry["returns"]
+        oracle = np.array([returns["BFS oracle"][format_task(w)]["mean"] for w in test_tasks])
+        rand = [np.array([returns["random"][format_task(w)]["mean"] for w in tasks])
+                for tasks in (train_tasks, test_tasks)]
+    return (oracle, rand[1]), tuple(rand), entry["episodes"] if entry else played
 
 
 def fruitbot_random_returns(run_dir: Path, train_tasks, test_tasks, episodes: int, training_levels: bool = False):
