@@ -346,6 +346,44 @@ def test_selection_judges_the_train_tasks_at_each_budget(tmp_path, monkeypatch, 
     assert "--budgets 1,000 is beyond" in capsys.readouterr().err
 
 
+def test_an_export_of_a_run_resumed_from_an_export_does_not_pool_its_metrics_twice(tmp_path, capsys):
+    """tools.export's metrics_every counts the run's logging windows: rows an earlier export pooled (a protocol's
+    folder restored from its export) are recognised (common.run.pooled_windows) and not pooled again."""
+    import lzma
+    import shutil
+
+    from common.run import ConfigError, pooled_windows
+    from tools.export import copy_run
+
+    # a run logging every 20 env steps: 2 iterations of 10 env steps, 3 SGD steps each
+    rows = [{"step": str(20 * i), "seed": "1", "sgd_steps": str(6 * i), "return_train_1,0": str(i),
+             "episodes_train_1,0": "1"} for i in range(1, 17)]
+    run = Path(fake_run(tmp_path, "run", "MSFA", (320,), (0,), 1.0))
+    (run / "config.json").write_text(json.dumps({"method": "MSFA", "args": {"log_every": 20},
+                                                 "sgd_steps_per_iteration": 3}))
+    with (run / "metrics.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    assert pooled_windows(rows, 20, 3) == 1 and pooled_windows(rows[::4], 20, 3) == 4
+    assert pooled_windows(rows, 40, 3) == 1 and pooled_windows(rows, 10, 3) == 2  # log_every 10: 1 iteration a row
+
+    def exported(source, name, every):
+        copy_run(source, tmp_path / name, with_agents=False, metrics_every=every)
+        return lzma.open(tmp_path / name / "metrics.csv.xz", "rt").read().splitlines()
+
+    once = exported(run, "once", 4)
+    assert [line.split(",")[0] for line in once[1:]] == ["80", "160", "240", "320"]
+    resumed = tmp_path / "resumed"  # the export copied back as a protocol's run, as a new machine's resume does
+    shutil.copytree(tmp_path / "once", resumed)
+    capsys.readouterr()
+    assert exported(resumed, "twice", 4) == once
+    assert "pools 4 logging windows a row already" in capsys.readouterr().out
+    assert [line.split(",")[0] for line in exported(resumed, "coarser", 8)[1:]] == ["160", "320"]
+    with pytest.raises(ConfigError, match="a multiple of 4"):
+        exported(resumed, "odd", 6)
+
+
 def test_the_cumulant_response_over_training_pools_each_evaluations_rows_and_is_drawn(tmp_path):
     """eval.csv's response columns (common.run.RESPONSE_FIELDS) pooled per evaluation and seed, weighted by their
     pickups (the run reader), and drawn by tools.plot; a run without them (an older one) draws none."""

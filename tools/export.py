@@ -44,7 +44,7 @@ from pathlib import Path
 
 import tyro
 
-from common.run import exit_on_config_error, pack_table, portable_config, require
+from common.run import exit_on_config_error, pack_table, pooled_windows, portable_config, require
 from tools.compact_agents import compress, portable_header
 from tools.protocol import ANALYSES, analyzed, complete, saved_agents
 from tools.run_reader import RunReader
@@ -66,7 +66,8 @@ class Args:
     """with --agents: that seed's agent alone (e.g. 1: one agent per method, enough to play its results again)"""
     metrics_every: int = 1
     """metrics.csv's rows made one every this many per seed (common.run.compact_metrics: pooled returns over whole
-    blocks unchanged), as if the runs had logged that much less often: 1 keeps every row"""
+    blocks unchanged), as if the runs had logged that much less often: 1 keeps every row. Counted in the runs'
+    logging windows, so a run resumed from an earlier export (its rows pooled already) is not pooled twice"""
 
 
 def copy_agents(run: Path, dest: Path, seed: int | None = None) -> list[Path]:
@@ -91,10 +92,17 @@ def copy_run(run: Path, dest: Path, with_agents: bool, analysis: str = "all", ag
     of it, its "records" alone, or "none") and, if asked, its agents (agent_seed's alone, if given)."""
     dest.mkdir(parents=True, exist_ok=True)
     written = []
-    config = portable_config(RunReader(run).config)  # (older runs named their folders)
+    reader = RunReader(run)
+    config = portable_config(reader.config)  # (older runs named their folders)
     (dest / "config.json").write_text(json.dumps(config, indent=2))
     written.append(dest / "config.json")
-    written.extend(pack_table(run / name, dest / name, metrics_every) for name in TABLES)
+    # a run resumed from an earlier export holds its pooled rows: count metrics_every in the run's logging windows
+    pooled = pooled_windows(reader.metrics_rows, int(reader.args.get("log_every", 0)),
+                            int(config.get("sgd_steps_per_iteration", 0))) if metrics_every > 1 else 1
+    if pooled > 1:
+        print(f"[export] {run}/metrics.csv pools {pooled} logging windows a row already (an earlier export's): "
+              f"{'made one every ' + str(metrics_every // pooled) + ' rows' if metrics_every > pooled else 'as it is'}")
+    written.extend(pack_table(run / name, dest / name, metrics_every, pooled) for name in TABLES)
     if analysis == "all" and (run / "analysis").is_dir():
         shutil.copytree(run / "analysis", dest / "analysis", dirs_exist_ok=True)
         written.extend(p for p in (dest / "analysis").rglob("*") if p.is_file())

@@ -41,7 +41,7 @@ from common.run.logs import (
     EVAL_FIELDS, format_task, peak_rss_gb, CsvLog, drop_rows_after, RunLogs, SGDMetrics, IterationMetrics,
     finished_episodes, metric_fields, metric_rows, progress_line, eval_line, require_finite, Evaluation,
     evaluation_parts, evaluation_rows, eval_rows, PACKED, table_path, open_table, read_table, SIGNIFICANT_DIGITS,
-    compact_number, compact_metrics, pack_table
+    compact_number, compact_metrics, pack_table, pooled_windows
 )  # noqa: F401
 from common.run.run_dir import (RUN_FILES, RunDir, VERSIONED, portable_command, portable_config, versions,
                                 shard_seeds, StopSignals)  # noqa: F401

@@ -142,17 +142,40 @@ def compact_metrics(rows: list[dict], every: int) -> list[dict]:
     return sorted(out, key=lambda r: (int(r["step"]), int(r["seed"])))  # (the order a run of several seeds logs)
 
 
-def pack_table(source: Path, dest: Path, metrics_every: int = 1) -> Path:
+def pooled_windows(rows: list[dict], log_every: int, sgd_steps_per_iteration: int) -> int:
+    """How many of the run's logging windows each metrics.csv row already pools: 1 for a run's own table, k for one
+    an export compacted with metrics_every k (a protocol's folder resumed from its export holds those). A run logs
+    every whole number of iterations in --log-every (common.run.loop); an iteration's env steps are read from the
+    rows themselves (their steps over their SGD steps, times SGD steps per iteration), so the median row's env steps
+    over that window is the answer. 1 where the rows cannot tell (fewer than 3 of a seed, or no SGD steps yet)."""
+    if not rows or sgd_steps_per_iteration < 1:
+        return 1
+    mine = [r for r in rows if r["seed"] == rows[0]["seed"]]
+    gaps = [(int(float(b["step"])) - int(float(a["step"])), int(float(b["sgd_steps"])) - int(float(a["sgd_steps"])))
+            for a, b in zip(mine, mine[1:])]
+    gaps = [(steps, sgd) for steps, sgd in gaps if steps > 0 and sgd > 0]
+    if len(gaps) < 2:
+        return 1
+    per_iteration = float(np.median([steps * sgd_steps_per_iteration / sgd for steps, sgd in gaps]))
+    window = max(1, int(log_every // per_iteration)) * per_iteration
+    return max(1, round(float(np.median([steps for steps, _ in gaps])) / window))
+
+
+def pack_table(source: Path, dest: Path, metrics_every: int = 1, pooled: int = 1) -> Path:
     """The table at `source` (either form) written to dest + .xz: its decimal numbers to SIGNIFICANT_DIGITS
     significant digits (compact_number) and, for a metrics.csv with metrics_every > 1, every metrics_every rows of a
-    seed made one (compact_metrics). Deterministic: the same rows give the same bytes. A plain table at dest is
-    removed, as table_path would read it first. Returns the file written."""
+    seed made one (compact_metrics), counted in the run's logging windows: where each source row already pools
+    `pooled` of them (pooled_windows), every metrics_every / pooled rows are made one, and a table pooled as much or
+    more is written as it is (it cannot be split again). Deterministic: the same rows give the same bytes. A plain
+    table at dest is removed, as table_path would read it first. Returns the file written."""
     import io
 
     rows = list(csv.reader(io.StringIO(read_table(source))))
-    if metrics_every > 1 and source.name.startswith("metrics.csv"):
+    if metrics_every > pooled and source.name.startswith("metrics.csv"):
+        require(metrics_every % pooled == 0, f"{source} pools {pooled} logging windows a row already (an earlier "
+                                             f"export's); pass a --metrics-every that is a multiple of {pooled}")
         header = rows[0]
-        merged = compact_metrics([dict(zip(header, r)) for r in rows[1:]], metrics_every)
+        merged = compact_metrics([dict(zip(header, r)) for r in rows[1:]], metrics_every // pooled)
         rows = [header, *([str(r[k]) for k in header] for r in merged)]
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
