@@ -100,8 +100,8 @@ def copy_run(run: Path, dest: Path, with_agents: bool, analysis: str = "all", ag
     pooled = pooled_windows(reader.metrics_rows, int(reader.args.get("log_every", 0)),
                             int(config.get("sgd_steps_per_iteration", 0))) if metrics_every > 1 else 1
     if pooled > 1:
-        print(f"[export] {run}/metrics.csv pools {pooled} logging windows a row already (an earlier export's): "
-              f"{'made one every ' + str(metrics_every // pooled) + ' rows' if metrics_every > pooled else 'as it is'}")
+        then = f"made one every {metrics_every // pooled} rows" if metrics_every > pooled else "as it is"
+        print(f"[export] {run}/metrics.csv pools {pooled} logging windows a row already (an earlier export's): {then}")
     written.extend(pack_table(run / name, dest / name, metrics_every, pooled) for name in TABLES)
     if analysis == "all" and (run / "analysis").is_dir():
         shutil.copytree(run / "analysis", dest / "analysis", dirs_exist_ok=True)
