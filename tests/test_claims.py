@@ -13,18 +13,20 @@ from tools import analyze, claims
 EVAL_FIELDS = ["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"]
 
 
-def write_method(root, name, method, returns, errors=None, last=1000):
+def write_method(root, name, method, returns, errors=None, last=1000, first_seed=1, total=None):
     """A method's run folder: seed s returns returns[split, gpi][s] + (t - mean t) / 10 on task t of the split at step
     `last` (the mean over the split's tasks is returns[split, gpi][s]; something else at an earlier step, which must
-    not count); errors[split][s] in analysis/per_seed.csv."""
+    not count); errors[split][s] in analysis/per_seed.csv. Seeds are numbered from first_seed; `total` is the
+    protocol's env steps (config.json's total_timesteps: the run is complete where last reaches it)."""
     run = root / name
-    run.mkdir()
-    (run / "config.json").write_text(json.dumps({"method": method, "script": "msfa_babyai.py", "args": {}}))
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"method": method, "script": "msfa_babyai.py",
+                                                 "args": {"total_timesteps": total} if total else {}}))
     with (run / "eval.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, EVAL_FIELDS)
         writer.writeheader()
         for (split, gpi), by_seed in returns.items():
-            for seed, value in enumerate(by_seed, 1):
+            for seed, value in enumerate(by_seed, first_seed):
                 tasks = TRAIN_TASKS if split == "train" else TEST_TASKS
                 for t, w in enumerate(tasks):
                     for step, v in ((last // 2, -50.0), (last, value + (t - (len(tasks) - 1) / 2) * 0.1)):
@@ -219,3 +221,36 @@ def test_the_cumulants_table_gpis_cost_and_both_forms(protocol):
     both = "MSFA beats USFA with learned cumulants on the test tasks (GPI) [both reward-blind]"
     assert comparisons[both][2].startswith("2.00") and comparisons[both][3] == "holds"
     assert comparisons["msfa: the reward-blind form beats the paper's (test, GPI)"][2].startswith("3.00")
+
+
+def test_a_method_in_progress_counts_its_complete_seeds_and_other_protocols_stand_beside(protocol, tmp_path_factory):
+    """A method trained seed by seed and not merged yet (msfa_blind/seed<k>/, as tools.export carries it): its complete
+    seeds count, Table A from their records.json (an export carries no per_seed.csv), the incomplete one not at all;
+    the table says it is in progress. --beside adds another protocol's methods, named by its folder, and the form
+    comparisons against them."""
+    seeds = {1: (11, 13, 0.004), 2: (12, 14, 0.006), 3: (50, 50, 0.5)}  # train, test with GPI, Table A test error
+    for seed, (train, test_gpi, error) in seeds.items():
+        run = protocol / "msfa_blind" / f"seed{seed}"
+        write_method(protocol / "msfa_blind", f"seed{seed}", "MSFA (reward-blind)",
+                     {("train", 0): [train], ("test", 1): [test_gpi], ("test", 0): [test_gpi - 5]},
+                     first_seed=seed, total=1000 if seed < 3 else 2000)  # seed 3 is still training
+        tasks = [format_task(w) for w in (*TRAIN_TASKS, *TEST_TASKS)]
+        abs_sums = [0.0 if t < len(TRAIN_TASKS) else error * 200 for t in range(len(tasks))]
+        (run / "analysis").mkdir()
+        (run / "analysis" / "records.json").write_text(json.dumps([
+            {"seed": seed, "tasks": tasks, "errors": {"transitions": 200, "abs": abs_sums, "sq": abs_sums}}]))
+    step, values = claims.per_seed_measures(claims.method_runs(protocol)["msfa_blind"])
+    assert step == 1000 and values["train"] == pytest.approx({1: 11, 2: 12})
+    assert values["error_test"] == pytest.approx({1: 0.004, 2: 0.006}) and values["error_train"] == {1: 0, 2: 0}
+    text = "\n".join(claims.claims(protocol))
+    rows = table_rows(text)
+    assert rows["MSFA (reward-blind)"][:4] == ["2", "1,000", "11.50 [11.00, 12.00]", "13.50 [13.00, 14.00]"]
+    assert "In progress (trained seed by seed; the complete seeds so far): MSFA (reward-blind) (seeds 1, 2)." in text
+    other = tmp_path_factory.mktemp("paper_form")
+    write_method(other, "msfa", "MSFA", {("train", 0): [9, 9], ("test", 1): [4, 5], ("test", 0): [3, 3]})
+    rows = table_rows("\n".join(claims.claims(protocol, beside=(other,))))
+    assert rows[f"MSFA [{other.name}]"][:4] == ["2", "1,000", "9.00 [9.00, 9.00]", "4.50 [4.00, 5.00]"]
+    assert rows["MSFA"][0] == "3"  # this protocol's own paper form stays as it is
+    beside = rows[f"msfa: the reward-blind form beats the paper's (test, GPI) [paper form: {other.name}]"]
+    assert beside[2].startswith("9.00 [") and beside[3] == "holds"  # 13.5 - 4.5
+    assert rows[f"GPI helps MSFA on the test tasks [{other.name}]"][2] == "1.50 [1.00, 2.00]"

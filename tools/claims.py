@@ -1,18 +1,21 @@
 """The paper's BabyAI claims on one protocol's runs: a table per method and the paper's comparisons, each with a 95%
 interval over seeds.
 
-    python -m tools.claims OUT_DIR [--out OUT_DIR/claims.md]
+    python -m tools.claims OUT_DIR [--out OUT_DIR/claims.md] [--beside OTHER_DIR ...]
 
 OUT_DIR is a BabyAI protocol's folder (tools.protocol): one folder per method, named as the protocol names them
 (msfa, usfa_learned, usfa, uvfa_farm, msfa_entangled_psi, ..., uvfa, mvfa), each a run of every seed with its
 eval.csv and, for the methods with learned cumulants, analysis/per_seed.csv (tools.analyze writes it; the protocol
 runs the analysis at its end). Methods that are missing are left out of the table, and so are the comparisons that
-need them.
+need them. A method that the protocol trains seed by seed (OUT_DIR/<method>/seed<k>/) and has not merged yet counts
+its complete seeds (each with its eval.csv and, once played, analysis/records.json), as an export carries them: the
+tables of a protocol in progress, with the method marked so.
 
 Per seed, at each run's last evaluation: the greedy return on the train tasks without GPI, on the test tasks with GPI
 (the SF methods) and without, each the mean over the split's tasks of eval.csv's return_mean; and Table A's
 reward-prediction error |phi . w - r| of the learned cumulants, the mean over the split's tasks of per_seed.csv's
-per-task means (the episodes of the agent's own evaluation policy). A cell is the mean over seeds and its 95%
+per-task means (the episodes of the agent's own evaluation policy; a seed's records.json where it has no
+per_seed.csv, the same numbers). A cell is the mean over seeds and its 95%
 percentile-bootstrap interval (scipy.stats.bootstrap, 10,000 resamples of the seeds, a fixed PRNG seed).
 
 A comparison is the difference of two such means, A - B, with its interval: seeds resampled within each method apart
@@ -40,7 +43,7 @@ from common.envs.babyai import TEST_TASKS, TRAIN_TASKS
 from common.run import RESPONSE, exit_on_config_error, format_task, require
 from tools import reference_returns
 from tools.protocol import BLIND
-from tools.run_reader import Evaluation, RunReader, record_response
+from tools.run_reader import Evaluation, RunReader, complete, record_response
 
 MEASURES = {  # name: column title
     "train": "train, no GPI",
@@ -90,6 +93,9 @@ class Args:
     """a BabyAI protocol's folder: one run folder per method (msfa, usfa_learned, ...)"""
     out: str | None = None
     """where to write the markdown (default OUT_DIR/claims.md)"""
+    beside: tuple[str, ...] = ()
+    """other protocols' folders whose methods join the tables, each named '<label> [<folder name>]' (e.g. the paper
+    form's 10 seeds beside a protocol of reward-blind forms); each form comparison is made against them too"""
 
 
 def last_evaluation(run: RunReader) -> Evaluation:
@@ -120,12 +126,44 @@ def per_task_returns(rows: list[dict]) -> dict[tuple[str, int], dict[int, float]
     return {key: dict(sorted(by_seed.items())) for key, by_seed in out.items()}
 
 
-def per_seed_measures(run: RunReader | Path, evaluation: Evaluation | None = None
+def method_runs(out_dir: Path) -> dict[str, list[RunReader]]:
+    """Each method folder's runs: [its run] where it has its eval.csv (trained with vmapped seeds, or merged), else
+    its complete seeds' runs (seed<k>/, in seed order) where it is trained seed by seed and not complete yet."""
+    runs: dict[str, list[RunReader]] = {}
+    for d in sorted(p for p in out_dir.iterdir() if p.is_dir()):
+        if RunReader(d).has_eval():
+            runs[d.name] = [RunReader(d)]
+        elif seeds := sorted((s for s in d.glob("seed*/") if s.name[4:].isdigit() and complete(s)),
+                             key=lambda s: int(s.name[4:])):
+            runs[d.name] = [RunReader(s) for s in seeds]
+    return runs
+
+
+def method_evaluation(runs: list[RunReader]) -> Evaluation:
+    """The last evaluation of a method's runs (last_evaluation of each): one step, every seed's rows."""
+    evaluations = [last_evaluation(run) for run in runs]
+    steps = {e.step for e in evaluations}
+    require(len(steps) == 1, f"{runs[0].path.parent}: its seeds' last evaluations are at different steps "
+                             f"({sorted(steps)}); a complete seed ends at the protocol's last step")
+    return Evaluation(evaluations[0].step, [r for e in evaluations for r in e.rows])
+
+
+def record_errors(record: dict) -> list[dict]:
+    """per_seed.csv's Table A rows (split, seed, abs_error) of one seed's record (tools.analyze.write_per_seed)."""
+    errors = record.get("errors")
+    if not errors:
+        return []
+    test = {format_task(w) for w in TEST_TASKS}
+    return [{"split": "test" if task in test else "train", "seed": record["seed"],
+             "abs_error": errors["abs"][t] / errors["transitions"]} for t, task in enumerate(record["tasks"])]
+
+
+def per_seed_measures(runs: list[RunReader] | RunReader | Path, evaluation: Evaluation | None = None
                       ) -> tuple[int, dict[str, dict[int, float]]]:
-    """A method's last evaluated step and {measure: {seed: value}} (module doc); `evaluation` is the run's
-    last_evaluation where it was read already."""
-    run = run if isinstance(run, RunReader) else RunReader(run)
-    step, rows = evaluation or last_evaluation(run)
+    """A method's last evaluated step and {measure: {seed: value}} (module doc), from its run or its seeds' runs
+    (method_runs); `evaluation` is their method_evaluation where it was read already."""
+    runs = runs if isinstance(runs, list) else [runs if isinstance(runs, RunReader) else RunReader(runs)]
+    step, rows = evaluation or method_evaluation(runs)
     values: dict[str, dict[int, list]] = {}
     for r in rows:
         name = {("train", "0"): "train", ("test", "1"): "test_gpi", ("test", "0"): "test"}.get((r["split"], r["gpi"]))
@@ -138,14 +176,16 @@ def per_seed_measures(run: RunReader | Path, evaluation: Evaluation | None = Non
     for seed, settings in by_seed.items():
         if "0" in settings and "1" in settings:
             values.setdefault("gpi_cost_train", {})[seed] = [np.mean(settings["0"]) - np.mean(settings["1"])]
-    for record in run.records:  # the cumulant response of the analysis' episodes (acting on w)
+    records = [record for run in runs for record in run.records]
+    for record in records:  # the cumulant response of the analysis' episodes (acting on w)
         if "response" in record:
             played, blind = record_response(record), record_response(record, counterfactual=True)
             for name in RESPONSE:
                 values.setdefault(name, {})[int(record["seed"])] = [played[name]]
             values.setdefault("crosstalk_counterfactual", {})[int(record["seed"])] = [blind["crosstalk"]]
-    for r in run.analysis_rows:
-        if r["abs_error"]:
+    table_a = [r for run in runs for r in run.analysis_rows or [e for rec in run.records for e in record_errors(rec)]]
+    for r in table_a:
+        if r["abs_error"] != "":
             values.setdefault(f"error_{r['split']}", {}).setdefault(int(r["seed"]), []).append(float(r["abs_error"]))
     return step, {name: {seed: float(np.mean(v)) for seed, v in sorted(per_seed.items()) if not np.isnan(np.mean(v))}
                   for name, per_seed in values.items()}
@@ -207,17 +247,26 @@ def reference_rows(entry: dict | None) -> list[str]:
     return rows
 
 
-def claims(out_dir: Path) -> list[str]:
-    runs = {d.name: RunReader(d) for d in sorted(out_dir.iterdir())}
-    runs = {name: run for name, run in runs.items() if run.has_eval()}
-    require(bool(runs), f"{out_dir} holds no run folder with an eval.csv; pass a protocol's folder")
-    evaluations = {name: last_evaluation(run) for name, run in runs.items()}
-    measured = {name: per_seed_measures(run, evaluations[name]) for name, run in runs.items()}
-    labels = {name: run.label for name, run in runs.items()}
+def claims(out_dir: Path, beside: tuple[Path, ...] = ()) -> list[str]:
+    runs = method_runs(out_dir)
+    require(bool(runs), f"{out_dir} holds no run folder with an eval.csv (nor a complete seed<k>/ run); pass a "
+                        "protocol's folder")
+    labels = {name: method[0].label for name, method in runs.items()}
+    for other in beside:  # (their methods named <method>@<folder>)
+        theirs = method_runs(other)
+        require(bool(theirs), f"--beside {other} holds no run folder with an eval.csv; pass a protocol's folder")
+        runs |= {f"{name}@{other.name}": method for name, method in theirs.items()}
+        labels |= {f"{name}@{other.name}": f"{method[0].label} [{other.name}]" for name, method in theirs.items()}
+    evaluations = {name: method_evaluation(method) for name, method in runs.items()}
+    measured = {name: per_seed_measures(method, evaluations[name]) for name, method in runs.items()}
+    partial = [f"{labels[name]} (seeds {', '.join(str(r.path.name[4:]) for r in method)})"
+               for name, method in runs.items() if method[0].path.name != name.split("@")[0]]
     lines = ["## Per method", "",
              "At each run's last evaluation; per seed the mean over the split's tasks, then the mean over seeds "
              "[95% bootstrap interval over seeds]. Returns are greedy episodes' (eval.csv); Table A's error is "
              "the reward-prediction error mean abs(phi . w - r) of the learned cumulants (analysis/per_seed.csv).", "",
+             *([f"In progress (trained seed by seed; the complete seeds so far): {'; '.join(partial)}.", ""]
+               if partial else []),
              "| method | seeds | step | " + " | ".join(MEASURES.values()) + " |",
              "|---|---:|---:|" + "---:|" * len(MEASURES)]
     for name, (step, values) in measured.items():
@@ -225,20 +274,20 @@ def claims(out_dir: Path) -> list[str]:
         cells = [cell(*interval(np.array(list(values[m].values()))), digits=DIGITS.get(m, 2))
                  if values.get(m) else "-" for m in MEASURES]
         lines.append(f"| {labels[name]} | {seeds} | {step:,} | " + " | ".join(cells) + " |")
-    stored = stored_references(next(iter(runs.values())))
+    stored = stored_references(next(iter(runs.values()))[0])
     lines += reference_rows(stored)
     lines += cumulant_table(measured, labels)
     lines += ["", "## The paper's comparisons", "",
               "A - B: the difference of the means over seeds [95% bootstrap interval]; holds where the interval lies "
               "on the paper's side of 0.", "",
               "| claim | A | B | A - B | outcome |", "|---|---|---|---:|---|"]
-    for claim, a, measure_a, b, measure_b, side in both_forms(COMPARISONS):
+    for claim, a, measure_a, b, measure_b, side in both_forms(COMPARISONS, tuple(d.name for d in beside)):
         if not (measured.get(a, (0, {}))[1].get(measure_a) and measured.get(b, (0, {}))[1].get(measure_b)):
             continue
         x, y = measured[a][1][measure_a], measured[b][1][measure_b]
         paired = a == b
         if paired:
-            require(x.keys() == y.keys(), f"{runs[a].path}: the seeds of {measure_a} and {measure_b} differ")
+            require(x.keys() == y.keys(), f"{runs[a][0].path}: the seeds of {measure_a} and {measure_b} differ")
         digits = DIGITS.get(measure_a, 2)
         mean, low, high = interval(np.array(list(x.values())), np.array(list(y.values())), paired=paired)
         lines.append(f"| {claim} | {labels[a]}: {MEASURES[measure_a]} | {labels[b]}: {MEASURES[measure_b]} | "
@@ -271,14 +320,20 @@ def cumulant_table(measured: dict, labels: dict[str, str]) -> list[str]:
     return lines
 
 
-def both_forms(comparisons) -> list[tuple]:
+def both_forms(comparisons, beside: tuple[str, ...] = ()) -> list[tuple]:
     """The comparisons as the paper makes them, then each again between the reward-blind forms of its methods
-    (tools.protocol's <method>_blind), then each learned-phi method's reward-blind form against its paper form."""
+    (tools.protocol's <method>_blind), then as the protocols beside it made them (<method>@<folder>), then each
+    method's reward-blind form against its paper form: the one of the same protocol, and those beside it."""
     blind = [(f"{claim} [both reward-blind]", a + BLIND, ma, b + BLIND, mb, side)
              for claim, a, ma, b, mb, side in comparisons]
-    forms = [(f"{method}: the reward-blind form beats the paper's ({what})", method + BLIND, measure, method,
-              measure, +1) for method in ("msfa", "usfa_learned", "msfa_entangled_psi", "msfa_entangled_phi",
-                                         "msfa_entangled_both", "usfa", "mvfa")
+    blind += [(f"{claim} [{where}]", f"{a}@{where}", ma, f"{b}@{where}", mb, side)
+              for where in beside for claim, a, ma, b, mb, side in comparisons]
+    forms = [(f"{method}: the reward-blind form beats the paper's ({what})" + (f" [paper form: {where}]" if where
+                                                                              else ""),
+              method + BLIND, measure, f"{method}@{where}" if where else method, measure, +1)
+             for where in ("", *beside)
+             for method in ("msfa", "usfa_learned", "msfa_entangled_psi", "msfa_entangled_phi", "msfa_entangled_both",
+                            "usfa", "mvfa")
              for measure, what in (("test_gpi", "test, GPI"), ("test", "test, no GPI"), ("train", "train"))]
     return [*comparisons, *blind, *forms]
 
@@ -311,7 +366,12 @@ def per_task_tables(returns: dict[str, dict], labels: dict[str, str], stored: di
 def main(args: Args) -> None:
     out_dir = Path(args.out_dir)
     require(out_dir.is_dir(), f"{out_dir} is not a folder; pass a BabyAI protocol's folder")
-    lines = [f"# The paper's claims on {out_dir}", "", *claims(out_dir), ""]
+    beside = tuple(Path(d) for d in args.beside)
+    for other in beside:
+        require(other.is_dir() and other.resolve() != out_dir.resolve(),
+                f"--beside {other} is not a folder other than OUT_DIR; pass another protocol's folder")
+    title = f"{out_dir}" + "".join(f", beside {d}" for d in beside)
+    lines = [f"# The paper's claims on {title}", "", *claims(out_dir, beside), ""]
     out = Path(args.out) if args.out else out_dir / "claims.md"
     out.write_text("\n".join(lines))
     print("\n".join(lines))
