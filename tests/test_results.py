@@ -450,3 +450,41 @@ def test_packed_tables_keep_six_digits_and_compacted_metrics_pool_returns_exactl
     packed = pack_table(tmp_path / "metrics.csv", tmp_path / "out" / "metrics.csv", metrics_every=4)
     text = lzma.open(packed, "rt").read().splitlines()
     assert len(text) == 3 and text[1].startswith("40,1,102.5,12,1.5,1.4,50,3.25,8")
+
+
+def test_an_export_keeps_the_agent_of_the_seed_it_is_told_for_a_method_in_progress(tmp_path, capsys):
+    """--agents METHOD=K: a method trained seed by seed keeps seed K's agent from the export where K is complete (its
+    seeds 1 and 2 restored from an export have none); a seed without one, an incomplete seed or a bare METHOD that
+    is not complete is refused with one line naming what to do."""
+    from common.run import ConfigError
+    from tools.compact_agents import decompress
+    from tools.export import export, main as export_main, Args as ExportArgs
+
+    out, dest = tmp_path / "protocol", tmp_path / "exported"
+    out.mkdir()
+    (out / "protocol.json").write_text(json.dumps({"env": "fruitbot", "methods": ["m"], "seeds": 4,
+                                                   "seeds_apart": True}))
+    (out / "m").mkdir()
+    for seed in (1, 2, 3, 4):
+        run = Path(fake_run(out / "m", f"seed{seed}", "MSFA", (100,), (0,), 1.0, env="fruitbot"))
+        (run / "metrics.csv").write_text("step,seed\n100,1\n")
+        config = json.loads((run / "config.json").read_text())
+        config["args"]["total_timesteps"] = 100 if seed < 4 else 200  # seed 4 is still training
+        (run / "config.json").write_text(json.dumps(config))
+        if seed >= 3:  # seeds 1 and 2 as an export restored them: no parameter file; 3 and 4 trained here
+            (run / f"params_seed{seed}.eqx").write_bytes(b'{"args": {}}\n' + bytes(range(seed, seed + 64)))
+    for entry, said in (("m=1", "holds no parameter file of seed 1; name a seed that has one (--agents m=K)"),
+                        ("m=4", "seed4 is not complete; name a complete seed"),
+                        ("m", "m is not complete; its seeds go with their records"), ("m=x", "is a seed number")):
+        with pytest.raises(SystemExit):
+            export_main(ExportArgs(str(out), str(dest), agents=(entry,)))
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], (entry, err)
+    assert not dest.exists()  # nothing written before the refusal
+    export(out, dest, agents=("m=3",))
+    assert sorted(p.name for p in dest.rglob("params_seed*")) == ["params_seed3.eqz"]
+    assert decompress((dest / "m" / "seed3" / "params_seed3.eqz").read_bytes())[-64:] == bytes(range(3, 67))
+    export(out, dest)  # exported again without it: the agent goes
+    assert not list(dest.rglob("params_seed*"))
+    with pytest.raises(ConfigError, match="names m twice"):
+        export(out, dest, agents=("m=3", "m"))

@@ -4,6 +4,7 @@
     python -m tools.export OUT_DIR DEST --agents msfa usfa  # and these complete methods' agents, compacted
     python -m tools.export OUT_DIR DEST --agents msfa --agent-seed 1 --metrics-every 4   # seed 1's agent; 4x fewer
                                                                                          # metrics rows
+    python -m tools.export OUT_DIR DEST --agents msfa=3 usfa --agent-seed 1   # msfa's seed 3, usfa's seed 1
 
 A protocol folder (tools.protocol) holds, beside its results, what only a running protocol needs: each run's
 checkpoint (its replay, from tens of MB at the miniature's settings to GBs at the paper's), TensorBoard files, the
@@ -15,7 +16,9 @@ logs and the cache of compiled programs. DEST gets the rest:
   names it, or while its analysis has not run;
 - each complete seed of a method that was trained seed by seed and is not complete yet: the seed's config.json,
   metrics.csv.xz, eval.csv.xz and its analysis' records.json (the protocol plays each seed as it completes; the
-  method is reported from its seeds' records), or its agent (.eqz) if it was not played yet.
+  method is reported from its seeds' records), or its agent (.eqz) if it was not played yet; and the agent of the
+  seed --agents names for it (`--agents METHOD=K`), so that a method's agent is kept from its first complete seeds
+  on (the protocol's merge takes the .eqz in when the method completes).
 
 The tables go packed with lzma, their decimal numbers to 6 significant digits (a float32's precision; a seed's
 metrics.csv at the miniature's settings: 334 kB as written, 72 kB packed), and with --metrics-every K a seed's K
@@ -61,9 +64,11 @@ class Args:
     dest: tyro.conf.Positional[str]
     """where the results go: a new folder, or an earlier export of this protocol"""
     agents: tuple[str, ...] = ()
-    """complete methods whose agents (every seed's parameters, compacted) go too; the analysis needs none of them"""
+    """methods whose agents (every seed's parameters, compacted) go too, each METHOD (complete) or METHOD=K (its seed
+    K's agent alone; a method trained seed by seed may be in progress, seed K complete); the analysis needs none"""
     agent_seed: int | None = None
-    """with --agents: that seed's agent alone (e.g. 1: one agent per method, enough to play its results again)"""
+    """with --agents: that seed's agent alone for the methods named without =K (e.g. 1: one agent per method, enough
+    to play its results again)"""
     metrics_every: int = 1
     """metrics.csv's rows made one every this many per seed (common.run.compact_metrics: pooled returns over whole
     blocks unchanged), as if the runs had logged that much less often: 1 keeps every row. Counted in the runs'
@@ -132,8 +137,10 @@ def export(out: Path, dest: Path, agents: tuple[str, ...] = (), agent_seed: int 
     require((out / "protocol.json").exists(), f"{out} holds no protocol (no protocol.json); pass the folder given to "
                                               "the protocol (tools/protocol/)")
     settings = json.loads((out / "protocol.json").read_text())
-    require(not set(agents) - set(settings["methods"]), f"--agents: {sorted(set(agents) - set(settings['methods']))} "
-                                                        f"are not methods of this protocol ({settings['methods']})")
+    agent_seeds = agents_to_keep(agents, agent_seed)
+    require(not set(agent_seeds) - set(settings["methods"]),
+            f"--agents: {sorted(set(agent_seeds) - set(settings['methods']))} are not methods of this protocol "
+            f"({settings['methods']})")
     if dest.exists() and any(dest.iterdir()):
         require((dest / "protocol.json").exists(), f"{dest} is not empty and holds no exported protocol; pass a new "
                                                    "folder or an earlier export of this protocol")
@@ -144,6 +151,8 @@ def export(out: Path, dest: Path, agents: tuple[str, ...] = (), agent_seed: int 
         require(not (source.is_file() and newer_and_different(target, source)),
                 f"{target} differs from {source} and was written after it: the export would put the older one back; "
                 f"make {target.name} again in {out} (or remove it there) and export again")
+    agents_from = {method: agents_run(out / method, method, seed, settings.get("seeds_apart", False))
+                   for method, seed in agent_seeds.items()}
     dest.mkdir(parents=True, exist_ok=True)
     written: dict[str, list[Path]] = {"": []}
     for name in TOP_FILES:
@@ -157,14 +166,12 @@ def export(out: Path, dest: Path, agents: tuple[str, ...] = (), agent_seed: int 
     analysed_here = settings["env"] in ANALYSES
     for method in settings["methods"]:
         run, target = out / method, dest / method
-        require(method not in agents or complete(run), f"--agents: {method} is not complete; its seeds go with "
-                                                       "their records (or their agents, not played yet) until it is")
-        require(method not in agents or saved_agents(run), f"--agents: {run} holds no parameter files")
+        wanted, kept_from = agent_seeds.get(method), agents_from.get(method)
         written[method] = []
         finished = complete(run) and (analyzed(run) or not analysed_here)
         if complete(run):  # its agents go too while its analysis has not run (and may need them)
-            seed = agent_seed if finished and method in agents else None  # (an unplayed one: every seed's)
-            written[method] = copy_run(run, target, method in agents or not finished, agent_seed=seed,
+            seed = wanted if finished and method in agent_seeds else None  # (an unplayed one: every seed's)
+            written[method] = copy_run(run, target, method in agent_seeds or not finished, agent_seed=seed,
                                        metrics_every=metrics_every)
         if finished:
             for carried in sorted(target.glob("seed*/")):
@@ -172,15 +179,43 @@ def export(out: Path, dest: Path, agents: tuple[str, ...] = (), agent_seed: int 
             continue
         seed_runs = sorted(run.glob("seed*/")) if settings.get("seeds_apart") else []
         for seed_run in seed_runs:
-            if complete(seed_run):  # its records if it was played, else its agent (to be played)
+            if complete(seed_run):  # its records if it was played, else its agent (to be played); the one kept
                 played = analyzed(seed_run) or not analysed_here
-                written[method].extend(copy_run(seed_run, target / seed_run.name, with_agents=not played,
+                written[method].extend(copy_run(seed_run, target / seed_run.name,
+                                                with_agents=not played or seed_run == kept_from,
                                                 analysis="records", metrics_every=metrics_every))
             else:
                 print(f"[export] left out {seed_run} (not complete: it starts over when the protocol resumes)")
         if not seed_runs and run.exists() and not complete(run):
             print(f"[export] left out {run} (not complete: it starts over when the protocol resumes)")
     return written
+
+
+def agents_run(run: Path, method: str, seed: int | None, seeds_apart: bool) -> Path:
+    """The run whose agent --agents keeps for a method: the method's own where it is complete, else (trained seed by
+    seed) its seed's; one line where that run is not complete or holds no parameter file of the seed."""
+    kept_from = run if complete(run) else run / f"seed{seed}"
+    require(complete(run) or (seed and seeds_apart),
+            f"--agents: {method} is not complete; its seeds go with their records (or their agents, not played yet) "
+            f"until it is, and one complete seed's agent with --agents {method}=K")
+    require(complete(kept_from), f"--agents: {kept_from} is not complete; name a complete seed")
+    require(any(seed is None or p.stem == f"params_seed{seed}" for p in saved_agents(kept_from)),
+            f"--agents: {kept_from} holds no parameter file" + (f" of seed {seed}; name a seed that has one "
+                                                                f"(--agents {method}=K)" if seed else ""))
+    return kept_from
+
+
+def agents_to_keep(agents: tuple[str, ...], agent_seed: int | None) -> dict[str, int | None]:
+    """--agents as {method: the seed whose agent goes, or None for every seed's}: METHOD=K names K, a bare METHOD
+    takes --agent-seed."""
+    kept = {}
+    for entry in agents:
+        method, _, seed = entry.partition("=")
+        require(not seed or (seed.isdigit() and int(seed) >= 1), f"--agents {entry}: K in METHOD=K is a seed number "
+                                                                 "(1, 2, ...)")
+        require(method not in kept, f"--agents names {method} twice; name it once")
+        kept[method] = int(seed) if seed else agent_seed
+    return kept
 
 
 @exit_on_config_error
