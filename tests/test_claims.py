@@ -8,7 +8,7 @@ import pytest
 
 from common.envs.babyai import TEST_TASKS, TRAIN_TASKS
 from common.run import format_task, pack_table
-from tools import analyze, claims
+from tools import analyze, claims, compare_runs, run_reader
 
 EVAL_FIELDS = ["step", "seed", "split", "task", "gpi", "episodes", "return_mean", "return_std"]
 
@@ -223,7 +223,8 @@ def test_the_cumulants_table_gpis_cost_and_both_forms(protocol):
     assert comparisons["msfa: the reward-blind form beats the paper's (test, GPI)"][2].startswith("3.00")
 
 
-def test_a_method_in_progress_counts_its_complete_seeds_and_other_protocols_stand_beside(protocol, tmp_path_factory):
+def test_a_method_in_progress_counts_its_complete_seeds_and_other_protocols_stand_beside(protocol, tmp_path_factory,
+                                                                                          capsys):
     """A method trained seed by seed and not merged yet (msfa_blind/seed<k>/, as tools.export carries it): its complete
     seeds count, Table A from their records.json (an export carries no per_seed.csv), the incomplete one not at all;
     the table says it is in progress. --beside adds another protocol's methods, named by its folder, and the form
@@ -239,6 +240,13 @@ def test_a_method_in_progress_counts_its_complete_seeds_and_other_protocols_stan
         (run / "analysis").mkdir()
         (run / "analysis" / "records.json").write_text(json.dumps([
             {"seed": seed, "tasks": tasks, "errors": {"transitions": 200, "abs": abs_sums, "sq": abs_sums}}]))
+    reader = run_reader.method_reader(protocol / "msfa_blind")  # as tools.plot and tools.compare_runs read it too
+    assert [d.name for d in reader.seed_runs] == ["seed1", "seed2"] and reader.label == "MSFA (reward-blind)"
+    assert [(r["step"], r["seed"]) for r in reader.eval_rows][::len(TRAIN_TASKS) + 2 * len(TEST_TASKS)] == [
+        ("500", "1"), ("500", "2"), ("1000", "1"), ("1000", "2")]  # by step, then seed, as the protocol merges them
+    compare_runs.main(compare_runs.Args(run_dirs=(str(protocol / "msfa_blind"),)))
+    shown = capsys.readouterr().out
+    assert "over 2 seed(s)" in shown and "| MSFA (reward-blind) | 13.15 ± 0.50 |" in shown  # (13, 14 - 0.35)
     step, values = claims.per_seed_measures(claims.method_runs(protocol)["msfa_blind"])
     assert step == 1000 and values["train"] == pytest.approx({1: 11, 2: 12})
     assert values["error_test"] == pytest.approx({1: 0.004, 2: 0.006}) and values["error_train"] == {1: 0, 2: 0}

@@ -43,7 +43,7 @@ from common.envs.babyai import TEST_TASKS, TRAIN_TASKS
 from common.run import RESPONSE, exit_on_config_error, format_task, require
 from tools import reference_returns
 from tools.protocol import BLIND
-from tools.run_reader import Evaluation, RunReader, complete, record_response
+from tools.run_reader import Evaluation, RunReader, method_reader, record_response
 
 MEASURES = {  # name: column title
     "train": "train, no GPI",
@@ -126,26 +126,11 @@ def per_task_returns(rows: list[dict]) -> dict[tuple[str, int], dict[int, float]
     return {key: dict(sorted(by_seed.items())) for key, by_seed in out.items()}
 
 
-def method_runs(out_dir: Path) -> dict[str, list[RunReader]]:
-    """Each method folder's runs: [its run] where it has its eval.csv (trained with vmapped seeds, or merged), else
-    its complete seeds' runs (seed<k>/, in seed order) where it is trained seed by seed and not complete yet."""
-    runs: dict[str, list[RunReader]] = {}
-    for d in sorted(p for p in out_dir.iterdir() if p.is_dir()):
-        if RunReader(d).has_eval():
-            runs[d.name] = [RunReader(d)]
-        elif seeds := sorted((s for s in d.glob("seed*/") if s.name[4:].isdigit() and complete(s)),
-                             key=lambda s: int(s.name[4:])):
-            runs[d.name] = [RunReader(s) for s in seeds]
-    return runs
-
-
-def method_evaluation(runs: list[RunReader]) -> Evaluation:
-    """The last evaluation of a method's runs (last_evaluation of each): one step, every seed's rows."""
-    evaluations = [last_evaluation(run) for run in runs]
-    steps = {e.step for e in evaluations}
-    require(len(steps) == 1, f"{runs[0].path.parent}: its seeds' last evaluations are at different steps "
-                             f"({sorted(steps)}); a complete seed ends at the protocol's last step")
-    return Evaluation(evaluations[0].step, [r for e in evaluations for r in e.rows])
+def method_runs(out_dir: Path) -> dict[str, RunReader]:
+    """Each method folder's run (run_reader.method_reader): its own, or, for a method trained seed by seed and not
+    complete yet, its complete seeds' runs read as one."""
+    runs = {d.name: method_reader(d) for d in sorted(p for p in out_dir.iterdir() if p.is_dir())}
+    return {name: run for name, run in runs.items() if run.has_eval()}
 
 
 def record_errors(record: dict) -> list[dict]:
@@ -158,12 +143,12 @@ def record_errors(record: dict) -> list[dict]:
              "abs_error": errors["abs"][t] / errors["transitions"]} for t, task in enumerate(record["tasks"])]
 
 
-def per_seed_measures(runs: list[RunReader] | RunReader | Path, evaluation: Evaluation | None = None
+def per_seed_measures(run: RunReader | Path, evaluation: Evaluation | None = None
                       ) -> tuple[int, dict[str, dict[int, float]]]:
-    """A method's last evaluated step and {measure: {seed: value}} (module doc), from its run or its seeds' runs
-    (method_runs); `evaluation` is their method_evaluation where it was read already."""
-    runs = runs if isinstance(runs, list) else [runs if isinstance(runs, RunReader) else RunReader(runs)]
-    step, rows = evaluation or method_evaluation(runs)
+    """A method's last evaluated step and {measure: {seed: value}} (module doc); `evaluation` is the run's
+    last_evaluation where it was read already."""
+    run = run if isinstance(run, RunReader) else method_reader(run)
+    step, rows = evaluation or last_evaluation(run)
     values: dict[str, dict[int, list]] = {}
     for r in rows:
         name = {("train", "0"): "train", ("test", "1"): "test_gpi", ("test", "0"): "test"}.get((r["split"], r["gpi"]))
@@ -176,15 +161,13 @@ def per_seed_measures(runs: list[RunReader] | RunReader | Path, evaluation: Eval
     for seed, settings in by_seed.items():
         if "0" in settings and "1" in settings:
             values.setdefault("gpi_cost_train", {})[seed] = [np.mean(settings["0"]) - np.mean(settings["1"])]
-    records = [record for run in runs for record in run.records]
-    for record in records:  # the cumulant response of the analysis' episodes (acting on w)
+    for record in run.records:  # the cumulant response of the analysis' episodes (acting on w)
         if "response" in record:
             played, blind = record_response(record), record_response(record, counterfactual=True)
             for name in RESPONSE:
                 values.setdefault(name, {})[int(record["seed"])] = [played[name]]
             values.setdefault("crosstalk_counterfactual", {})[int(record["seed"])] = [blind["crosstalk"]]
-    table_a = [r for run in runs for r in run.analysis_rows or [e for rec in run.records for e in record_errors(rec)]]
-    for r in table_a:
+    for r in run.analysis_rows or [e for record in run.records for e in record_errors(record)]:
         if r["abs_error"] != "":
             values.setdefault(f"error_{r['split']}", {}).setdefault(int(r["seed"]), []).append(float(r["abs_error"]))
     return step, {name: {seed: float(np.mean(v)) for seed, v in sorted(per_seed.items()) if not np.isnan(np.mean(v))}
@@ -251,16 +234,16 @@ def claims(out_dir: Path, beside: tuple[Path, ...] = ()) -> list[str]:
     runs = method_runs(out_dir)
     require(bool(runs), f"{out_dir} holds no run folder with an eval.csv (nor a complete seed<k>/ run); pass a "
                         "protocol's folder")
-    labels = {name: method[0].label for name, method in runs.items()}
+    labels = {name: run.label for name, run in runs.items()}
     for other in beside:  # (their methods named <method>@<folder>)
         theirs = method_runs(other)
         require(bool(theirs), f"--beside {other} holds no run folder with an eval.csv; pass a protocol's folder")
         runs |= {f"{name}@{other.name}": method for name, method in theirs.items()}
-        labels |= {f"{name}@{other.name}": f"{method[0].label} [{other.name}]" for name, method in theirs.items()}
-    evaluations = {name: method_evaluation(method) for name, method in runs.items()}
-    measured = {name: per_seed_measures(method, evaluations[name]) for name, method in runs.items()}
-    partial = [f"{labels[name]} (seeds {', '.join(str(r.path.name[4:]) for r in method)})"
-               for name, method in runs.items() if method[0].path.name != name.split("@")[0]]
+        labels |= {f"{name}@{other.name}": f"{run.label} [{other.name}]" for name, run in theirs.items()}
+    evaluations = {name: last_evaluation(run) for name, run in runs.items()}
+    measured = {name: per_seed_measures(run, evaluations[name]) for name, run in runs.items()}
+    partial = [f"{labels[name]} (seeds {', '.join(d.name[4:] for d in run.seed_runs)})"
+               for name, run in runs.items() if run.seed_runs]
     lines = ["## Per method", "",
              "At each run's last evaluation; per seed the mean over the split's tasks, then the mean over seeds "
              "[95% bootstrap interval over seeds]. Returns are greedy episodes' (eval.csv); Table A's error is "
@@ -274,7 +257,7 @@ def claims(out_dir: Path, beside: tuple[Path, ...] = ()) -> list[str]:
         cells = [cell(*interval(np.array(list(values[m].values()))), digits=DIGITS.get(m, 2))
                  if values.get(m) else "-" for m in MEASURES]
         lines.append(f"| {labels[name]} | {seeds} | {step:,} | " + " | ".join(cells) + " |")
-    stored = stored_references(next(iter(runs.values()))[0])
+    stored = stored_references(next(iter(runs.values())))
     lines += reference_rows(stored)
     lines += cumulant_table(measured, labels)
     lines += ["", "## The paper's comparisons", "",
@@ -287,7 +270,7 @@ def claims(out_dir: Path, beside: tuple[Path, ...] = ()) -> list[str]:
         x, y = measured[a][1][measure_a], measured[b][1][measure_b]
         paired = a == b
         if paired:
-            require(x.keys() == y.keys(), f"{runs[a][0].path}: the seeds of {measure_a} and {measure_b} differ")
+            require(x.keys() == y.keys(), f"{runs[a].path}: the seeds of {measure_a} and {measure_b} differ")
         digits = DIGITS.get(measure_a, 2)
         mean, low, high = interval(np.array(list(x.values())), np.array(list(y.values())), paired=paired)
         lines.append(f"| {claim} | {labels[a]}: {MEASURES[measure_a]} | {labels[b]}: {MEASURES[measure_b]} | "

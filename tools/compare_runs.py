@@ -15,7 +15,7 @@ import numpy as np
 import tyro
 
 from common.run import exit_on_config_error, format_task, require
-from tools.run_reader import RunReader, env_tasks
+from tools.run_reader import env_tasks, method_reader
 from tools.tables import mean_se
 
 
@@ -32,7 +32,7 @@ class Args:
 @exit_on_config_error
 def main(args: Args) -> None:
     require(args.split in ("test", "train", "all"), f"--split must be test, train or all, got {args.split!r}")
-    runs = [RunReader(d) for d in args.run_dirs]
+    runs = [method_reader(d) for d in args.run_dirs]
     # a run without an eval.csv stops here with one line (RunReader.eval_rows)
     steps = set.intersection(*({s for s, _, _ in run.returns} for run in runs))
     require(steps, "the runs share no evaluation step; pass --step with one of each run's steps")

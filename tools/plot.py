@@ -24,7 +24,9 @@
 - aggregate.png (beyond the paper, since seeds are few): the interquartile mean over seeds x test tasks of the
   oracle-normalised return, (R - random) / (oracle - random), with 95% stratified-bootstrap confidence intervals
   (rliable; each method's draws seeded, so the figure is reproducible); raw returns when --reference-episodes is 0.
-The runs are read from their eval.csv and config.json (the method's name); each figure says how many seeds it shows,
+The runs are read from their eval.csv and config.json (the method's name); a protocol's method trained seed by seed and
+not merged yet (OUT_DIR/<method>/ with seed<k>/ runs) is read as one run of its complete seeds (method_reader), so the
+figures of a protocol in progress are drawn as they will be at its end; each figure says how many seeds it shows,
 and each method keeps its colour in every figure. --interval is the spread drawn over seeds: one standard error (se),
 or the 95% interval of the mean (ci95: Student's t with seeds - 1 degrees of freedom); a run with one seed has none.
 """
@@ -43,7 +45,7 @@ from common.envs.babyai import bfs_oracle_returns, random_policy_returns
 from common.run import RESPONSE, exit_on_config_error, format_task, require
 from tools import reference_returns
 from tools.figures import save_figure
-from tools.run_reader import RunReader, env_tasks, pooled_return, response_curve
+from tools.run_reader import RunReader, env_tasks, method_reader, pooled_return, response_curve
 
 
 @dataclass
@@ -107,7 +109,7 @@ def main(args: Args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [RunReader(d) for d in args.run_dirs]
+    runs = [method_reader(d) for d in args.run_dirs]
     require(runs, "pass at least one run directory")
     require(args.reference_episodes is None or args.reference_episodes >= 0,
             f"--reference-episodes must not be negative, got {args.reference_episodes}")

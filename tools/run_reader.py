@@ -3,9 +3,11 @@ as written or as tools.export packs them) and its saved agents, each parsed once
 
 A run directory is what a training script writes (docs/contract.md): config.json, metrics.csv, eval.csv, the
 parameter files params_seed<N>.eqx (or their compact .eqz), and, where tools.analyze played its agents,
-analysis/records.json and analysis/per_seed.csv. A protocol's merged run of seeds trained apart reads the same. What
-the protocol asks of a run while it trains (progress, complete) is read afresh at each call; the rest is parsed once.
-A reader stands for its run in the tools' dicts (one reader per run: it is hashed by identity).
+analysis/records.json and analysis/per_seed.csv. A protocol's merged run of seeds trained apart reads the same, and so
+does a method of such a protocol that is not complete yet (method_reader): its complete seeds' runs (<method>/seed<k>/)
+read as one run of those seeds. What the protocol asks of a run while it trains (progress, complete) is read afresh at
+each call; the rest is parsed once. A reader stands for its run in the tools' dicts (one reader per run: it is hashed
+by identity).
 
 What reads several runs or a record rather than one run is a module function: recorded_env (a config.json or a
 parameter file's header), env_tasks (runs that must share an env), tasks_of_env, pooled_return (metrics.csv rows)."""
@@ -50,10 +52,14 @@ class RunReader:
     first question that needs it."""
 
     path: Path
+    seed_runs: tuple[Path, ...] = ()
+    """for a method trained seed by seed and not merged yet: its complete seeds' runs, read as one run of those seeds
+    (their tables' rows, records and agents together; config.json the first seed's): method_reader"""
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         self.path = Path(self.path)
+        self.seed_runs = tuple(Path(p) for p in self.seed_runs)
 
     # ---- config.json
     @cached_property
@@ -63,7 +69,7 @@ class RunReader:
 
     def _read_config(self) -> dict:
         """config.json as it is now ({} where there is none)."""
-        file = self.path / "config.json"
+        file = (self.seed_runs[0] if self.seed_runs else self.path) / "config.json"
         return json.loads(file.read_text()) if file.exists() else {}
 
     @property
@@ -95,7 +101,7 @@ class RunReader:
     # ---- eval.csv
     def has_eval(self) -> bool:
         """Whether the run has an eval.csv (as written or packed)."""
-        return table_path(self.path / "eval.csv").exists()
+        return all(table_path(d / "eval.csv").exists() for d in self.seed_runs or (self.path,))
 
     @cached_property
     def eval_rows(self) -> list[dict]:
@@ -132,7 +138,7 @@ class RunReader:
     # ---- metrics.csv
     def has_metrics(self) -> bool:
         """Whether the run has a metrics.csv (as written or packed)."""
-        return table_path(self.path / "metrics.csv").exists()
+        return all(table_path(d / "metrics.csv").exists() for d in self.seed_runs or (self.path,))
 
     @cached_property
     def metrics_rows(self) -> list[dict]:
@@ -167,11 +173,15 @@ class RunReader:
     def _table_rows(self, name: str) -> list[dict]:
         """A table's rows (eval.csv, metrics.csv, as written or packed) as dicts of strings; one line where the run
         has none."""
-        require(table_path(self.path / name).exists(), f"no {name} in {self.path}; pass run directories")
-        with open_table(self.path / name) as f:
-            return list(csv.DictReader(f))
+        rows = []
+        for d in self.seed_runs or (self.path,):  # (seeds' rows by step, then seed: as the protocol merges them)
+            require(table_path(d / name).exists(), f"no {name} in {d}; pass run directories")
+            with open_table(d / name) as f:
+                rows.extend(csv.DictReader(f))
+        return sorted(rows, key=lambda r: (int(r["step"]), int(r["seed"]))) if self.seed_runs else rows
 
-    # ---- progress: read afresh at each call (the protocol asks while the run trains, and merges into it)
+    # ---- progress: read afresh at each call (the protocol asks while the run trains, and merges into it); of the
+    # folder itself, also for a reader of seed runs (a method not merged yet is not complete)
     def progress(self) -> tuple[int, int | None]:
         """(env steps per seed reached: the last metrics row, the protocol's total: config.json)."""
         steps = 0
@@ -192,27 +202,41 @@ class RunReader:
     # ---- saved agents and analysis/ (tools.analyze)
     def saved_agents(self) -> list[Path]:
         """The run's parameter files: params_seed<N>.eqx as written, or their compact .eqz (tools.compact_agents)."""
-        return sorted([*self.path.glob("params_seed*.eqx"), *self.path.glob("params_seed*.eqz")])
+        return sorted(p for d in self.seed_runs or (self.path,)
+                      for p in [*d.glob("params_seed*.eqx"), *d.glob("params_seed*.eqz")])
 
     def analyzed(self) -> bool:
         """tools.analyze finished on this run (it writes records.json last but for the figures)."""
-        return (self.path / "analysis" / "records.json").exists()
+        return all((d / "analysis" / "records.json").exists() for d in self.seed_runs or (self.path,))
 
     @cached_property
     def records(self) -> list[dict]:
         """tools.analyze's seed records of this run (analysis/records.json; [] where it was not analysed)."""
-        file = self.path / "analysis" / "records.json"
-        return json.loads(file.read_text()) if file.exists() else []
+        files = [d / "analysis" / "records.json" for d in self.seed_runs or (self.path,)]
+        return [record for file in files if file.exists() for record in json.loads(file.read_text())]
 
     @cached_property
     def analysis_rows(self) -> list[dict]:
         """tools.analyze's per-seed, per-task rows of this run (analysis/per_seed.csv, Table A's errors among them;
-        [] where it was not analysed)."""
-        file = self.path / "analysis" / "per_seed.csv"
-        if not file.exists():
-            return []
-        with file.open() as f:
-            return list(csv.DictReader(f))
+        [] where it was not analysed; a protocol's seeds carried by tools.export have their records alone)."""
+        rows = []
+        for d in self.seed_runs or (self.path,):
+            if (d / "analysis" / "per_seed.csv").exists():
+                with (d / "analysis" / "per_seed.csv").open() as f:
+                    rows.extend(csv.DictReader(f))
+        return rows
+
+
+def method_reader(path: Path | str) -> RunReader:
+    """The reader of a run folder, or of a protocol's method trained seed by seed that is not merged yet (no eval.csv
+    of its own; tools.protocol, tools.export): its complete seed<k>/ runs read as one run of those seeds."""
+    path = Path(path)
+    if not table_path(path / "eval.csv").exists():
+        seeds = sorted((d for d in path.glob("seed*/") if d.name[4:].isdigit() and complete(d)),
+                       key=lambda d: int(d.name[4:]))
+        if seeds:
+            return RunReader(path, seed_runs=tuple(seeds))
+    return RunReader(path)
 
 
 def complete(run_dir: Path) -> bool:
