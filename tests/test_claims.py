@@ -262,3 +262,27 @@ def test_a_method_in_progress_counts_its_complete_seeds_and_other_protocols_stan
     beside = rows[f"msfa: the reward-blind form beats the paper's (test, GPI) [paper form: {other.name}]"]
     assert beside[2].startswith("9.00 [") and beside[3] == "holds"  # 13.5 - 4.5
     assert rows[f"GPI helps MSFA on the test tasks [{other.name}]"][2] == "1.50 [1.00, 2.00]"
+
+
+def test_the_crosstalk_over_training_is_pooled_per_seed_at_evenly_spaced_evaluations(tmp_path):
+    """c at evaluations over training, from eval.csv's response columns: each seed's train-task rows pooled by their
+    rewarded pickups (common.run.pooled_response), then the mean over seeds; at most 10 rows, ending at the last."""
+    fields = [*EVAL_FIELDS, "phi_crosstalk", "pickups_rewarded"]
+    run = tmp_path / "msfa"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"method": "MSFA", "script": "msfa_babyai.py", "args": {}}))
+    with (run / "eval.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fields)
+        writer.writeheader()
+        for step in range(100, 2100, 100):  # 20 evaluations: every second one shown, from 200
+            for seed in (1, 2):
+                for t, w in enumerate(TRAIN_TASKS):  # task 0: c = 1 on 3 pickups, the others c = 0 on 1 each
+                    writer.writerow({"step": step, "seed": seed, "split": "train", "task": format_task(w), "gpi": 0,
+                                     "episodes": 20, "return_mean": 1, "return_std": 0,
+                                     "phi_crosstalk": (1.0 if t == 0 else 0.0) * step / 2000 * seed,
+                                     "pickups_rewarded": 3 if t == 0 else 1})
+    lines = claims.crosstalk_over_training({"msfa": run_reader.RunReader(run)}, {"msfa": "MSFA"})
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| env steps")]
+    assert [r.split("|")[1].strip() for r in rows] == [f"{s:,}" for s in range(200, 2100, 200)]
+    # at 2,000: seed 1's c = 3/6 * 1, seed 2's 3/6 * 2: mean 0.75, the two seeds the interval's ends
+    assert rows[-1].split("|")[2].strip() == "0.750 [0.500, 1.000]"

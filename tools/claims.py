@@ -26,6 +26,9 @@ reference an SF method can reach. The comparisons are the paper's BabyAI results
 what its baselines are there to show (section 5: UVFA, SF&GPI's transfer; UVFA-FARM and MVFA, the benefit of modules
 that learn SFs rather than values).
 
+For the methods whose eval.csv records the learned cumulants' response (docs/cumulants.md), the crosstalk c over
+training: at up to 10 evaluations, mean over seeds and its 95% bootstrap interval.
+
 Then per test task, each method's return with GPI (the SF methods) and without (every method), mean over seeds and its
 95% bootstrap interval, beside the BFS oracle's and random play's stored returns (the paper's Figure 3 as a table).
 """
@@ -260,6 +263,7 @@ def claims(out_dir: Path, beside: tuple[Path, ...] = ()) -> list[str]:
     stored = stored_references(next(iter(runs.values())))
     lines += reference_rows(stored)
     lines += cumulant_table(measured, labels)
+    lines += crosstalk_over_training(runs, labels)
     lines += ["", "## The paper's comparisons", "",
               "A - B: the difference of the means over seeds [95% bootstrap interval]; holds where the interval lies "
               "on the paper's side of 0.", "",
@@ -300,6 +304,32 @@ def cumulant_table(measured: dict, labels: dict[str, str]) -> list[str]:
                  for m in CUMULANT_MEASURES]
         seeds = max(len(values[m]) for m in CUMULANT_MEASURES if values.get(m))
         lines.append(f"| {labels[name]} | {seeds} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def crosstalk_over_training(runs: dict[str, RunReader], labels: dict[str, str], rows: int = 10) -> list[str]:
+    """The crosstalk c at evaluations over training (eval.csv's response columns: each seed's value pooled over the
+    train tasks' pickups, RunReader.response), per method that recorded it: mean over seeds [95% bootstrap]; at most
+    `rows` evaluations, evenly spaced and ending at the last, of the steps every such method evaluated."""
+    curves = {name: run.response() for name, run in runs.items()}
+    curves = {name: by_step for name, by_step in curves.items() if by_step}
+    if not curves:
+        return []
+    steps = sorted(set.intersection(*(set(by_step) for by_step in curves.values())))
+    stride = -(-len(steps) // rows)
+    shown = steps[::-1][::stride][::-1]
+    lines = ["", "## The crosstalk c over training", "",
+             "c (phi^i at other categories' rewarded pickups: 1 for a reward detector, 0 for a category detector) at "
+             "the evaluations' own train-task episodes acting on w (eval.csv), each seed's pooled over its pickups; "
+             "mean over seeds [95% bootstrap interval].", "",
+             "| env steps | " + " | ".join(labels[name] for name in curves) + " |",
+             "|---:|" + "---:|" * len(curves)]
+    for step in shown:
+        cells = []
+        for by_step in curves.values():
+            values = np.array([v["crosstalk"] for v in by_step[step].values() if not np.isnan(v["crosstalk"])])
+            cells.append(cell(*interval(values), digits=3) if len(values) else "-")
+        lines.append(f"| {step:,} | " + " | ".join(cells) + " |")
     return lines
 
 
