@@ -52,6 +52,21 @@ def test_plot_writes_learning_curves_and_test_task_figures(tmp_path, capsys):
     assert "IQM Q method (no GPI): 6.500 " in out
 
 
+def test_plot_names_one_method_from_two_folders_by_their_folders(tmp_path, capsys):
+    """The paper form's 10 seeds of one protocol beside 3 more of another: both MSFA, told apart by their folders."""
+    from tools import plot
+
+    (tmp_path / "mini_cpu").mkdir()
+    (tmp_path / "mini_cumulants").mkdir()
+    runs = (fake_run(tmp_path / "mini_cpu", "msfa", "MSFA", (10, 20), (0, 1), 1.0),
+            fake_run(tmp_path / "mini_cumulants", "msfa", "MSFA", (10, 20), (0, 1), 2.0),
+            fake_run(tmp_path, "usfa", "USFA", (10, 20), (0, 1), 3.0))
+    plot.main(plot.Args(run_dirs=runs, out=str(tmp_path / "figures"), reference_episodes=0))
+    out = capsys.readouterr().out
+    assert "IQM MSFA [mini_cpu]: 3.500 " in out and "IQM MSFA [mini_cumulants]: 4.500 " in out
+    assert "IQM USFA: 5.500 " in out  # (a method given once keeps its name)
+
+
 def test_the_aggregate_intervals_are_reproducible_and_each_methods_own(tmp_path, capsys):
     """aggregate.png's bootstrap: the same figure twice gives the same IQM intervals, and a method's interval does not
     move when another method joins the figure (each method's draws are seeded on their own)."""

@@ -26,7 +26,8 @@
   (rliable; each method's draws seeded, so the figure is reproducible); raw returns when --reference-episodes is 0.
 The runs are read from their eval.csv and config.json (the method's name); a protocol's method trained seed by seed and
 not merged yet (OUT_DIR/<method>/ with seed<k>/ runs) is read as one run of its complete seeds (method_reader), so the
-figures of a protocol in progress are drawn as they will be at its end; each figure says how many seeds it shows,
+figures of a protocol in progress are drawn as they will be at its end; runs of one method from different folders are
+named with their folder's name ("MSFA [mini_cpu]"); each figure says how many seeds it shows,
 and each method keeps its colour in every figure. --interval is the spread drawn over seeds: one standard error (se),
 or the 95% interval of the mean (ci95: Student's t with seeds - 1 degrees of freedom); a run with one seed has none.
 """
@@ -111,6 +112,10 @@ def main(args: Args) -> None:
 
     runs = [method_reader(d) for d in args.run_dirs]
     require(runs, "pass at least one run directory")
+    labels = [d.label for d in runs]
+    for d in runs:  # one method from two protocols (a paper form's 10 seeds beside 3 more): named by their folders
+        if labels.count(d.label) > 1:
+            d.label_as = f"{d.label} [{d.path.parent.name}]"
     require(args.reference_episodes is None or args.reference_episodes >= 0,
             f"--reference-episodes must not be negative, got {args.reference_episodes}")
     episodes = PLAYED_EPISODES if args.reference_episodes is None else args.reference_episodes

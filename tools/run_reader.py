@@ -55,6 +55,8 @@ class RunReader:
     seed_runs: tuple[Path, ...] = ()
     """for a method trained seed by seed and not merged yet: its complete seeds' runs, read as one run of those seeds
     (their tables' rows, records and agents together; config.json the first seed's): method_reader"""
+    label_as: str | None = None
+    """the run's name in tables and figures, where a tool sets one (two runs of one method from different folders)"""
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -85,8 +87,9 @@ class RunReader:
     @property
     def label(self) -> str:
         """The run's name in tables and figures (tools.script_contract.run_label: the method's name for the
-        repository's scripts, the exp_name for a copy; older runs without a config.json: the directory's name)."""
-        return run_label(self.config, self.path.name)
+        repository's scripts, the exp_name for a copy; older runs without a config.json: the directory's name), or
+        label_as where a tool set it."""
+        return self.label_as or run_label(self.config, self.path.name)
 
     def babyai_room(self) -> GotoAvoid:
         """The GotoAvoid room a BabyAI run trained in (its grid size, objects and episode length from config.json;
