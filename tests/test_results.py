@@ -397,6 +397,22 @@ def test_an_export_of_a_run_resumed_from_an_export_does_not_pool_its_metrics_twi
     assert [line.split(",")[0] for line in exported(resumed, "coarser", 8)[1:]] == ["160", "320"]
     with pytest.raises(ConfigError, match="a multiple of 4"):
         exported(resumed, "odd", 6)
+    # a protocol's merge of seed 1 restored from that export (pooled) and seed 2 trained here (not): each seed pooled
+    # by its own windows, both every 4 windows in the export
+    merged = tmp_path / "merged"
+    shutil.copytree(resumed, merged)
+    restored = list(csv.DictReader(once))
+    with (merged / "metrics.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(sorted([*restored, *({**r, "seed": "2"} for r in rows)],
+                                key=lambda r: (int(r["step"]), int(r["seed"]))))
+    (merged / "metrics.csv.xz").unlink()
+    lines = exported(merged, "merged_export", 4)
+    assert [tuple(line.split(",")[:2]) for line in lines[1:]] == [(str(80 * i), seed) for seed in "12"
+                                                                  for i in range(1, 5)]
+    assert "pools 4 logging windows a row already (an earlier export's) for seed(s) 1: as they are" in (
+        capsys.readouterr().out)
 
 
 def test_the_cumulant_response_over_training_pools_each_evaluations_rows_and_is_drawn(tmp_path):

@@ -101,13 +101,18 @@ def copy_run(run: Path, dest: Path, with_agents: bool, analysis: str = "all", ag
     config = portable_config(reader.config)  # (older runs named their folders)
     (dest / "config.json").write_text(json.dumps(config, indent=2))
     written.append(dest / "config.json")
-    # a run resumed from an earlier export holds its pooled rows: count metrics_every in the run's logging windows
-    pooled = pooled_windows(reader.metrics_rows, int(reader.args.get("log_every", 0)),
-                            int(config.get("sgd_steps_per_iteration", 0))) if metrics_every > 1 else 1
-    if pooled > 1:
-        then = f"made one every {metrics_every // pooled} rows" if metrics_every > pooled else "as it is"
-        print(f"[export] {run}/metrics.csv pools {pooled} logging windows a row already (an earlier export's): {then}")
-    written.extend(pack_table(run / name, dest / name, metrics_every, pooled) for name in TABLES)
+    # a run resumed from an earlier export holds its pooled rows (a merge of seeds: some seeds' rows): count
+    # metrics_every in each seed's logging windows
+    pooled = {seed: pooled_windows(rows, int(reader.args.get("log_every", 0)),
+                                   int(config.get("sgd_steps_per_iteration", 0)))
+              for seed, rows in reader.metrics_of_seeds().items()} if metrics_every > 1 else {}
+    for k in sorted(set(pooled.values()) - {1}):
+        seeds = ", ".join(str(seed) for seed, windows in pooled.items() if windows == k)
+        then = f"made one every {metrics_every // k} rows" if metrics_every > k else "as they are"
+        print(f"[export] {run}/metrics.csv pools {k} logging windows a row already (an earlier export's) for seed(s) "
+              f"{seeds}: {then}")
+    written.extend(pack_table(run / name, dest / name, metrics_every, {str(s): k for s, k in pooled.items()})
+                   for name in TABLES)
     if analysis == "all" and (run / "analysis").is_dir():
         shutil.copytree(run / "analysis", dest / "analysis", dirs_exist_ok=True)
         written.extend(p for p in (dest / "analysis").rglob("*") if p.is_file())
