@@ -190,7 +190,10 @@ def write_records(run, response_by_seed):
                 if j == k:
                     phi[[i for i in range(4) if i != k]] = counts[k, j] * c  # the rewarded pickup's crosstalk
                 sums[k, j] = phi
-        records.append({"seed": seed, "response": {"tasks": [format_task(w) for w in TRAIN_TASKS],
+        tasks = [format_task(w) for w in (*TRAIN_TASKS, *TEST_TASKS)]  # (a record as tools.analyze writes it)
+        records.append({"seed": seed, "step": 1000, "gpi": True, "episodes": 40, "tasks": tasks,
+                        "returns": [0.0] * len(tasks), "errors": None,
+                        "response": {"tasks": [format_task(w) for w in TRAIN_TASKS],
                                                    "sums": sums.tolist(), "counts": counts.tolist(),
                                                    "sums_counterfactual": np.zeros_like(sums).tolist()}})
     (run / "analysis").mkdir(exist_ok=True)
@@ -239,7 +242,8 @@ def test_a_method_in_progress_counts_its_complete_seeds_and_other_protocols_stan
         abs_sums = [0.0 if t < len(TRAIN_TASKS) else error * 200 for t in range(len(tasks))]
         (run / "analysis").mkdir()
         (run / "analysis" / "records.json").write_text(json.dumps([
-            {"seed": seed, "tasks": tasks, "errors": {"transitions": 200, "abs": abs_sums, "sq": abs_sums}}]))
+            {"seed": seed, "step": 1000, "gpi": True, "episodes": 40, "tasks": tasks, "returns": [0.0] * len(tasks),
+             "errors": {"transitions": 200, "abs": abs_sums, "sq": abs_sums}}]))
     reader = run_reader.method_reader(protocol / "msfa_blind")  # as tools.plot and tools.compare_runs read it too
     assert [d.name for d in reader.seed_runs] == ["seed1", "seed2"] and reader.label == "MSFA (reward-blind)"
     assert [(r["step"], r["seed"]) for r in reader.eval_rows][::len(TRAIN_TASKS) + 2 * len(TEST_TASKS)] == [

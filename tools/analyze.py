@@ -51,7 +51,7 @@ from tools import script_contract
 from tools.script_contract import play_names, require_names, run_label
 from tools.evaluate import greedy_step, load_agent, params_files, parse_tasks
 from tools.figures import save_figure
-from tools.run_reader import RunReader, record_response
+from tools.run_reader import RunReader, record_response, record_rows
 
 PAPER_TABLE_A = {  # the paper's Table A: task -> (MSFA, USFA-learned-phi), mean ± std over 40 episodes per task
     "1,1,0,0": ((0.0003, 0.0090), (0.1362, 0.3410)),
@@ -260,15 +260,7 @@ def write_per_seed(runs: dict[str, list[dict]], path: Path) -> None:
         writer = csv.DictWriter(f, PER_SEED_FIELDS)
         writer.writeheader()
         for name, records in runs.items():
-            for r in records:
-                errors = r.get("errors")
-                for t, task in enumerate(r["tasks"]):
-                    writer.writerow({
-                        "method": name, "seed": r["seed"], "step": r["step"], "gpi": int(r["gpi"]),
-                        "split": "test" if task in TEST_NAMES else "train", "task": task, "episodes": r["episodes"],
-                        "return": f"{r['returns'][t]:.6g}",
-                        "abs_error": "" if errors is None else f"{errors['abs'][t] / errors['transitions']:.6g}",
-                        "sq_error": "" if errors is None else f"{errors['sq'][t] / errors['transitions']:.6g}"})
+            writer.writerows(row for r in records for row in record_rows(name, r))
 
 
 def quality_table(runs: dict[str, list[dict]]) -> list[str]:

@@ -14,9 +14,9 @@ tables of a protocol in progress, with the method marked so.
 Per seed, at each run's last evaluation: the greedy return on the train tasks without GPI, on the test tasks with GPI
 (the SF methods) and without, each the mean over the split's tasks of eval.csv's return_mean; and Table A's
 reward-prediction error |phi . w - r| of the learned cumulants, the mean over the split's tasks of per_seed.csv's
-per-task means (the episodes of the agent's own evaluation policy; a seed's records.json where it has no
-per_seed.csv, the same numbers). A cell is the mean over seeds and its 95%
-percentile-bootstrap interval (scipy.stats.bootstrap, 10,000 resamples of the seeds, a fixed PRNG seed).
+per-task means (the episodes of the agent's own evaluation policy; RunReader.analysis_rows: from a seed's
+records.json where it has no per_seed.csv). A cell is the mean over seeds and its 95% percentile-bootstrap interval
+(scipy.stats.bootstrap, 10,000 resamples of the seeds, a fixed PRNG seed).
 
 A comparison is the difference of two such means, A - B, with its interval: seeds resampled within each method apart
 (different methods' seeds are independent runs), or together where both sides are the same seeds (GPI against no GPI
@@ -136,16 +136,6 @@ def method_runs(out_dir: Path) -> dict[str, RunReader]:
     return {name: run for name, run in runs.items() if run.has_eval()}
 
 
-def record_errors(record: dict) -> list[dict]:
-    """per_seed.csv's Table A rows (split, seed, abs_error) of one seed's record (tools.analyze.write_per_seed)."""
-    errors = record.get("errors")
-    if not errors:
-        return []
-    test = {format_task(w) for w in TEST_TASKS}
-    return [{"split": "test" if task in test else "train", "seed": record["seed"],
-             "abs_error": errors["abs"][t] / errors["transitions"]} for t, task in enumerate(record["tasks"])]
-
-
 def per_seed_measures(run: RunReader | Path, evaluation: Evaluation | None = None
                       ) -> tuple[int, dict[str, dict[int, float]]]:
     """A method's last evaluated step and {measure: {seed: value}} (module doc); `evaluation` is the run's
@@ -170,8 +160,8 @@ def per_seed_measures(run: RunReader | Path, evaluation: Evaluation | None = Non
             for name in RESPONSE:
                 values.setdefault(name, {})[int(record["seed"])] = [played[name]]
             values.setdefault("crosstalk_counterfactual", {})[int(record["seed"])] = [blind["crosstalk"]]
-    for r in run.analysis_rows or [e for record in run.records for e in record_errors(record)]:
-        if r["abs_error"] != "":
+    for r in run.analysis_rows:
+        if r["abs_error"]:
             values.setdefault(f"error_{r['split']}", {}).setdefault(int(r["seed"]), []).append(float(r["abs_error"]))
     return step, {name: {seed: float(np.mean(v)) for seed, v in sorted(per_seed.items()) if not np.isnan(np.mean(v))}
                   for name, per_seed in values.items()}

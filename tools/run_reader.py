@@ -221,13 +221,33 @@ class RunReader:
     @cached_property
     def analysis_rows(self) -> list[dict]:
         """tools.analyze's per-seed, per-task rows of this run (analysis/per_seed.csv, Table A's errors among them;
-        [] where it was not analysed; a protocol's seeds carried by tools.export have their records alone)."""
+        made from analysis/records.json where a seed has its records alone, as tools.export carries a protocol's
+        seeds; [] where it was not analysed)."""
         rows = []
         for d in self.seed_runs or (self.path,):
             if (d / "analysis" / "per_seed.csv").exists():
                 with (d / "analysis" / "per_seed.csv").open() as f:
                     rows.extend(csv.DictReader(f))
+            elif (d / "analysis" / "records.json").exists():  # (the same rows, from the seeds' records)
+                rows.extend(row for r in json.loads((d / "analysis" / "records.json").read_text())
+                            for row in record_rows(r.get("name", r.get("method", "")), r))
         return rows
+
+
+def record_rows(name: str, record: dict) -> list[dict]:
+    """per_seed.csv's rows of one seed's analysis record (tools.analyze): per task its split, the greedy episodes'
+    mean return and, for learned cumulants, the mean |phi . w - r| and (phi . w - r)^2 over its transitions (Table A's
+    errors per seed), numbers to 6 significant digits as per_seed.csv writes them ("" where there are none)."""
+    from common.envs.babyai import TEST_TASKS
+
+    test = {format_task(w) for w in TEST_TASKS}
+    errors = record.get("errors")
+    return [{"method": name, "seed": record["seed"], "step": record["step"], "gpi": int(record["gpi"]),
+             "split": "test" if task in test else "train", "task": task, "episodes": record["episodes"],
+             "return": f"{record['returns'][t]:.6g}",
+             "abs_error": "" if errors is None else f"{errors['abs'][t] / errors['transitions']:.6g}",
+             "sq_error": "" if errors is None else f"{errors['sq'][t] / errors['transitions']:.6g}"}
+            for t, task in enumerate(record["tasks"])]
 
 
 def method_reader(path: Path | str) -> RunReader:

@@ -161,25 +161,24 @@ def pooled_windows(rows: list[dict], log_every: int, sgd_steps_per_iteration: in
     return max(1, round(float(np.median([steps for steps, _ in gaps])) / window))
 
 
-def pack_table(source: Path, dest: Path, metrics_every: int = 1, pooled: int | dict[str, int] = 1) -> Path:
+def pack_table(source: Path, dest: Path, metrics_every: int = 1, pooled: dict[str, int] | None = None) -> Path:
     """The table at `source` (either form) written to dest + .xz: its decimal numbers to SIGNIFICANT_DIGITS
     significant digits (compact_number) and, for a metrics.csv with metrics_every > 1, every metrics_every rows of a
     seed made one (compact_metrics), counted in the run's logging windows: where a seed's source rows already pool
-    `pooled` of them (pooled_windows; per seed as {seed: windows}, for a protocol's merge of seeds of which some came
-    from an earlier export), every metrics_every / pooled of its rows are made one, and a seed pooled as much or more
-    is kept as it is (it cannot be split again); a table no seed of which is compacted is written in its order.
-    Deterministic: the same rows give the same bytes. A plain table at dest is removed, as table_path would read it
-    first. Returns the file written."""
+    pooled[seed] of them (pooled_windows: a run resumed from an earlier export, or a protocol's merge of seeds some of
+    which were), every metrics_every / pooled[seed] of its rows are made one, and a seed pooled as much or more is kept
+    as it is (it cannot be split again); a table no seed of which is compacted is written in its order. Deterministic:
+    the same rows give the same bytes. A plain table at dest is removed, as table_path would read it first. Returns
+    the file written."""
     import io
 
     rows = list(csv.reader(io.StringIO(read_table(source))))
-    already = pooled if isinstance(pooled, dict) else {}  # (per seed)
     if source.name.startswith("metrics.csv") and metrics_every > 1:
         header = rows[0]
         seeds: dict[str, list[dict]] = {}
         for r in rows[1:]:
             seeds.setdefault(r[header.index("seed")], []).append(dict(zip(header, r)))
-        windows = {seed: already.get(seed, 1) if isinstance(pooled, dict) else pooled for seed in seeds}
+        windows = {seed: (pooled or {}).get(seed, 1) for seed in seeds}
         for seed, k in windows.items():
             require(metrics_every <= k or metrics_every % k == 0,
                     f"{source} pools {k} logging windows a row already for seed {seed} (an earlier export's); pass a "
