@@ -489,6 +489,7 @@ def test_an_export_keeps_the_agent_of_the_seed_it_is_told_for_a_method_in_progre
     is not complete is refused with one line naming what to do."""
     from common.run import ConfigError
     from tools.compact_agents import decompress
+    from tools.evaluate import params_files
     from tools.export import export, main as export_main, Args as ExportArgs
 
     out, dest = tmp_path / "protocol", tmp_path / "exported"
@@ -515,6 +516,7 @@ def test_an_export_keeps_the_agent_of_the_seed_it_is_told_for_a_method_in_progre
     export(out, dest, agents=("m=3",))
     assert sorted(p.name for p in dest.rglob("params_seed*")) == ["params_seed3.eqz"]
     assert decompress((dest / "m" / "seed3" / "params_seed3.eqz").read_bytes())[-64:] == bytes(range(3, 67))
+    assert params_files(dest / "m") == [dest / "m" / "seed3" / "params_seed3.eqz"]  # tools.evaluate/video find it
     export(out, dest)  # exported again without it: the agent goes
     assert not list(dest.rglob("params_seed*"))
     with pytest.raises(ConfigError, match="names m twice"):

@@ -31,7 +31,7 @@ from common.envs import babyai
 from common.run import (EVAL_FIELDS, ConfigError, evaluation_parts, evaluation_rows, exit_on_config_error,
                         format_task, load_script, require)
 from tools.compact_agents import open_params
-from tools.run_reader import recorded_env, saved_agents, tasks_of_env
+from tools.run_reader import method_reader, recorded_env, tasks_of_env
 from tools.script_contract import EVALUATE, has_psi, require_names
 
 MSFA_SCRIPTS = {"babyai": "msfa_babyai", "fruitbot": "msfa_fruitbot", "minihack": "msfa_minihack"}
@@ -82,11 +82,13 @@ def parse_tasks(text: str, train=babyai.TRAIN_TASKS, test=babyai.TEST_TASKS) -> 
 
 def params_files(run_dir: Path) -> list[Path]:
     """A run's parameter files, params_seed<N>.eqx (or their compact form .eqz, tools/compact_agents.py), in seed order;
+    of a protocol's method trained seed by seed and not merged yet, its complete seeds' (run_reader.method_reader);
     one line if there are none."""
     require(run_dir.is_dir(), f"{run_dir} is not a directory: no params_seed<N>.eqx there; pass a run directory that "
                               "has evaluated at least once")
-    files = sorted(saved_agents(run_dir), key=lambda p: int(p.stem.split("seed")[1]))
-    require(files, f"no params_seed<N>.eqx in {run_dir}; pass a run directory that has evaluated at least once")
+    files = sorted(method_reader(run_dir).saved_agents(), key=lambda p: int(p.stem.split("seed")[1]))
+    require(files, f"no params_seed<N>.eqx (or .eqz) in {run_dir}; pass a run directory that has evaluated at least "
+                   "once")
     seeds = [p.stem for p in files]
     for twice in sorted({s for s in seeds if seeds.count(s) > 1})[:1]:
         require(False, f"{run_dir} holds both {twice}.eqx and {twice}.eqz: keep one (the .eqx is the newer if the run "
