@@ -548,3 +548,37 @@ def test_a_fruitbot_seed_count_that_cannot_fit_is_refused_before_anything_runs(t
     assert exit_info.value.code == 2 and len(err) == 1, err
     assert "--seeds 2 does not fit: 33.1 GiB of replay per seed allows at most 1" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_cut_off_with_the_protocol_keeps_its_wall_time(tmp_path, monkeypatch):
+    """A machine or session that ends kills the protocol and its runs together: no exit status is recorded. The next
+    invocation finds them in jobs.json (each run's process and start) and records each, under the run's earlier
+    records, as cut off, its wall time from its start to its log's last line; a run whose process is alive, or
+    whose record ended after it started, gets none; whole methods and seeds trained apart alike."""
+    from tools.protocol.ledger import CUT_OFF, JobsRecord
+
+    fake_methods(monkeypatch, a="--total-timesteps 2", b="--total-timesteps 2")
+    out = tmp_path / "protocol"
+    protocol.main(protocol.Args(str(out), env="babyai", seeds=2, analysis_episodes=1, seeds_apart=True,
+                                devices=("0",)))
+    assert set(JobsRecord.read(out).started) == {"a/seed1", "a/seed2", "b/seed1", "b/seed2"}
+    first = read_summary(out)["methods"]
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    time.sleep(1.0)  # (records end to the second)
+    began = time.time()
+    for job in ("a/seed2", "b/seed1"):  # as if run again from now, and cut off 900 s later
+        log = out / f"{job.replace('/', '.')}.log"
+        os.utime(log, (began + 900.0, began + 900.0))
+    JobsRecord("local", dead.pid, {"a/seed2": dead.pid, "b/seed1": os.getpid(), "b/seed2": dead.pid},
+               started={"a/seed2": began, "b/seed1": began, "b/seed2": 0.0}).write(out)  # b/seed1: alive;
+    protocol.main(protocol.Args(str(out), resume=True))  # b/seed2: its record ended after it started
+    seed_runs = read_summary(out)["methods"]["a"]["seed_runs"]
+    assert seed_runs["a/seed1"] == first["a"]["seed_runs"]["a/seed1"]
+    cut = seed_runs["a/seed2"]
+    assert cut["result"] == CUT_OFF and cut["wall_seconds"] == 900.0 and "exit_status" not in cut
+    assert cut["ended"] == time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(began + 900.0))
+    assert cut["earlier"] == [first["a"]["seed_runs"]["a/seed2"]]
+    assert read_summary(out)["methods"]["b"] == first["b"]
+    protocol.main(protocol.Args(str(out), resume=True))  # counted once: jobs.json was written anew
+    assert read_summary(out)["methods"]["a"]["seed_runs"]["a/seed2"] == cut

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass, field, fields
+import time
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TypedDict
+from typing import Callable, TypedDict
 
 from common.run import ROOT
-from tools.protocol.runners import job_outcome
+from tools.protocol.runners import TIME_FORMAT, job_outcome
 from tools.protocol.seeds import method_progress
 from tools.protocol.settings import Protocol, jobs, method_seeds, run_flags
 from tools.run_reader import complete
@@ -31,12 +32,15 @@ def write_json(path: Path, data: dict) -> None:
 @dataclass
 class JobsRecord:
     """OUT_DIR/jobs.json: how the runs were started (executor "local" or "slurm"; None: not yet) and each run's job
-    ({run: its process id, or its SLURM job id}); the protocol's own process (local) or its finishing job (SLURM)."""
+    ({run: its process id, or its SLURM job id}); the protocol's own process (local) or its finishing job (SLURM);
+    when each local run's process started (time.time()), so that a run cut off with the protocol (the machine or
+    the session ended under it: no exit status was recorded) still has its wall time counted (cut_off_runs)."""
 
     executor: str | None = None
     protocol_pid: int | None = None
     jobs: dict[str, int | str] = field(default_factory=dict)
     finish: str | None = None
+    started: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def read(cls, out: Path) -> JobsRecord:
@@ -45,12 +49,13 @@ class JobsRecord:
         if not path.exists():
             return cls()
         data = json.loads(path.read_text())
-        return cls(data["executor"], data.get("protocol_pid"), data["jobs"], data.get("finish"))
+        return cls(data["executor"], data.get("protocol_pid"), data["jobs"], data.get("finish"),
+                   data.get("started", {}))
 
     def write(self, out: Path) -> None:
-        """OUT_DIR/jobs.json: executor and jobs, and the pid or finishing job where the executor has one."""
+        """OUT_DIR/jobs.json: executor and jobs, and the pid, finishing job and start times where there are any."""
         write_json(out / "jobs.json", {f.name: getattr(self, f.name) for f in fields(self)
-                                       if f.name in ("executor", "jobs") or getattr(self, f.name) is not None})
+                                       if f.name in ("executor", "jobs") or getattr(self, f.name)})
 
 
 # --------------------------------------------------------------------------------------------------- summary.json
@@ -166,6 +171,40 @@ def summary_before(out: Path) -> dict[str, MethodSummary]:
     """summary.json's records of the methods as an invocation of the protocol found them (an earlier invocation's)."""
     summary = Summary.read(out)
     return summary.methods if summary is not None else {}
+
+
+CUT_OFF = "cut off with the protocol (no exit status)"
+"""a RunRecord's result where the run's process ended with the protocol's, unrecorded (cut_off_runs)"""
+
+
+def cut_off_runs(out: Path, previous: JobsRecord, before: dict[str, MethodSummary],
+                 alive: Callable[[int], bool]) -> dict[str, MethodSummary]:
+    """before (summary_before), with a record for each local run that the previous invocation (previous: its
+    jobs.json) started and never recorded as ended: its process and the protocol's ended together (a machine or a
+    session ending kills both), so no exit status was returned. Its wall time is from its start (jobs.json) to the
+    last line its log received; the record joins the run's earlier ones (run_record), so that summary.json counts
+    every process a run took. A run whose record ended after it started (it ended, or was stopped, under the
+    protocol) or whose process is still alive gets none."""
+    if previous.executor != "local":
+        return before
+    before = dict(before)
+    for job, began in previous.started.items():
+        log = out / f"{job.replace('/', '.')}.log"
+        method = job.split("/")[0]
+        entry = before.get(method) or MethodSummary.from_json({})
+        latest = (entry.seed_runs or {}).get(job) if "/" in job else entry.run
+        ended = time.mktime(time.strptime(latest["ended"], TIME_FORMAT)) if latest and "ended" in latest else None
+        if (ended is not None and ended >= int(began)) or alive(int(previous.jobs.get(job, 0))) or not log.exists():
+            continue
+        last = log.stat().st_mtime
+        cut: RunRecord = {"result": CUT_OFF, "wall_seconds": round(max(0.0, last - began), 1),
+                          "ended": time.strftime(TIME_FORMAT, time.localtime(last))}
+        if "/" in job:
+            entry = replace(entry, seed_runs={**(entry.seed_runs or {}), job: run_record(latest, cut)})
+        else:
+            entry = replace(entry, run=run_record(latest, cut))
+        before[method] = entry
+    return before
 
 
 def write_summary(protocol: Protocol, outcome: dict[str, RunRecord] | None, before: dict[str, MethodSummary] | None,

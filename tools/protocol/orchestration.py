@@ -20,6 +20,7 @@ from tools.protocol.ledger import JobsRecord, MethodSummary, RunRecord, Summary,
 from tools.protocol.runners import LIVE_STATES, FinishJob, LocalRunner, Run, SlurmOptions, slurm_states, submit_to_slurm
 from tools.protocol.seeds import merge_seeds
 from tools.protocol.settings import Protocol, jobs, run_flags
+from tools.protocol.status import pid_alive
 from tools.run_reader import complete
 
 COMMAND = f"python -m {__spec__.parent}"
@@ -70,13 +71,19 @@ def run_here(protocol: Protocol) -> None:
     print(f"[protocol] {ledger.device_name()}; {protocol.env}; {counts}, {how}; "
           f"complete: {', '.join(done) or 'none'}"
           f"; to run: {', '.join(dict.fromkeys(r.name.split('/')[0] for r in queue)) or 'none'}", flush=True)
+    found = summary_before(out)
+    before = ledger.cut_off_runs(out, JobsRecord.read(out), found, pid_alive)
+    if before != found:  # (now: jobs.json, which tells them, is written anew below)
+        write_summary(protocol, None, before, {})
     record = JobsRecord("local", os.getpid())
     record.write(out)
-    before, analysis = summary_before(out), {}
+    analysis = {}
 
     def started(name: str, pid: int) -> None:
-        """jobs.json names the run's process as it starts (--status, and a protocol run again, read it)."""
+        """jobs.json names the run's process and its start as it starts (--status, and a protocol run again, read
+        it)."""
         record.jobs[name] = pid
+        record.started[name] = round(time.time(), 1)
         record.write(out)
 
     def finished(name: str) -> None:

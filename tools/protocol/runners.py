@@ -43,6 +43,8 @@ SINGLE_THREADED = "--xla_cpu_multi_thread_eigen=false"
 LIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
                "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING")
 """SLURM job states of a job that will still run (or is running) its run"""
+TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+"""a run record's "ended" (local time)"""
 
 
 @dataclass
@@ -119,7 +121,7 @@ class TrainingJob(submitit.helpers.Checkpointable):
         if status not in (0, 128 + signal.SIGTERM, 128 + signal.SIGINT):
             raise RuntimeError(f"{self.run.name} exited with status {status}: {last_line(self.run.log)}")
         return {"exit_status": status, "wall_seconds": round(time.time() - started, 1),
-                "ended": time.strftime("%Y-%m-%d %H:%M:%S")}
+                "ended": time.strftime(TIME_FORMAT)}
 
     def checkpoint(self) -> submitit.helpers.DelayedSubmission:
         """Preemption or the time limit ahead (submitit's handler of SLURM's warning signal): the script checkpoints
@@ -301,7 +303,7 @@ class LocalRunner:
                     if process.finished():
                         self.outcome[name] = {"exit_status": process.process.returncode,
                                               "wall_seconds": round(time.time() - process.started, 1),
-                                              "ended": time.strftime("%Y-%m-%d %H:%M:%S")}
+                                              "ended": time.strftime(TIME_FORMAT)}
                         self.slots.append(process.device)
                         del self.running[name]
                         self.on_finished(name)
