@@ -54,7 +54,8 @@ class Args:
     """paper (the default: the scripts' defaults, the paper's settings), or mini: the miniature BabyAI, sized to be
     trained on a CPU (SCALES; docs/babyai.md, "The miniature BabyAI"); with --resume: the saved one"""
     extra: str = ""
-    """flags added to every run's command line, after --scale's (e.g. "--core-backend pallas", tiny test settings)"""
+    """flags added to every run's command line, after --scale's, given with "=" (they begin with dashes): e.g.
+    --extra="--core-backend pallas" or --extra="--total-timesteps 2560000 --eval-every 256000" """
     max_minutes: float | None = None
     """stop every run cleanly after this many minutes (each evaluates and checkpoints first); --resume continues"""
     resume: bool = False
