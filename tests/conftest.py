@@ -22,6 +22,12 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
+# submitit (tools.protocol's SLURM runner) configures logging when first imported (logging.config.dictConfig), which
+# closes every handler there is; absl's (installed by flax's import) holds the stderr of its time, under pytest a
+# capture, so a test that first imported tools.protocol after another module had imported flax closed pytest's
+# capture of stderr and crashed the session ("lost sys.stderr"). Imported here, first, its configuration finds none.
+import submitit  # noqa: E402,F401
+
 
 # ------------------------------------------------------------------------------------------------------- the tiers
 SLOW = {  # test file -> the tests (names, parametrisations aside) in the slow tier, or "*" for all of them
