@@ -348,6 +348,7 @@ def test_selection_judges_the_train_tasks_at_each_budget(tmp_path, monkeypatch, 
                             writer.writerow([step, seed, split, format_task(w), 0, 2,
                                              value + offset if split == "train" else 100.0, 0])
     monkeypatch.setattr(select_settings, "bfs_oracle_returns", lambda tasks, episodes, env: (np.full(len(tasks), 10.0),))
+    assert {r["method"] for r in select_settings.judge(out, 1)} == {"msfa", "usfa"}  # at their own budget
     rows = {r["method"]: r for r in select_settings.judge(out, 1, budget=400)}
     assert rows["msfa"]["share"] == pytest.approx(0.9) and rows["msfa"]["at_80"] == 320
     assert rows["usfa"]["change"] == pytest.approx(0.4 / 9) and rows["usfa"]["spread"] == pytest.approx(2 ** 0.5 / 2)

@@ -66,8 +66,9 @@ def judge(out: Path, oracle_episodes: int, budget: int | None = None) -> list[di
         require(run.has_eval(), f"{run.path} has no eval.csv: its runs are not complete (merged) yet")
         saved = run.args
         total = saved["total_timesteps"]
-        require(budget is None or budget <= total,
-                f"--budgets {budget:,} is beyond {run.path}'s {total:,} env steps: pass budgets up to its own")
+        if budget is not None:  # (the message formats the budget)
+            require(budget <= total,
+                    f"--budgets {budget:,} is beyond {run.path}'s {total:,} env steps: pass budgets up to its own")
         total = budget or total
         returns = {step: r for step, r in train_returns(run).items() if step <= total}
         steps = sorted(returns)
