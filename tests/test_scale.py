@@ -582,3 +582,16 @@ def test_a_run_cut_off_with_the_protocol_keeps_its_wall_time(tmp_path, monkeypat
     assert read_summary(out)["methods"]["b"] == first["b"]
     protocol.main(protocol.Args(str(out), resume=True))  # counted once: jobs.json was written anew
     assert read_summary(out)["methods"]["a"]["seed_runs"]["a/seed2"] == cut
+
+    whole = tmp_path / "whole"  # a method trained whole: its record is the method entry's own
+    protocol.main(protocol.Args(str(whole), env="babyai", methods=("a",), seeds=1, analysis_episodes=1,
+                                seeds_apart=False))
+    first = read_summary(whole)["methods"]["a"]
+    time.sleep(1.0)
+    began = time.time()
+    os.utime(whole / "a.log", (began + 60.0, began + 60.0))
+    JobsRecord("local", dead.pid, {"a": dead.pid}, started={"a": began}).write(whole)
+    protocol.main(protocol.Args(str(whole), resume=True))
+    entry = read_summary(whole)["methods"]["a"]
+    assert entry["result"] == CUT_OFF and entry["wall_seconds"] == 60.0 and "seed_runs" not in entry
+    assert entry["earlier"] == [{k: first[k] for k in ("exit_status", "wall_seconds", "ended")}]

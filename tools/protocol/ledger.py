@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, TypedDict
 
 from common.run import ROOT
-from tools.protocol.runners import TIME_FORMAT, job_outcome
+from tools.protocol.runners import TIME_FORMAT, job_outcome, run_log
 from tools.protocol.seeds import method_progress
 from tools.protocol.settings import Protocol, jobs, method_seeds, run_flags
 from tools.run_reader import complete
@@ -189,7 +189,7 @@ def cut_off_runs(out: Path, previous: JobsRecord, before: dict[str, MethodSummar
         return before
     before = dict(before)
     for job, began in previous.started.items():
-        log = out / f"{job.replace('/', '.')}.log"
+        log = run_log(out, job)
         method = job.split("/")[0]
         entry = before.get(method) or MethodSummary.from_json({})
         latest = (entry.seed_runs or {}).get(job) if "/" in job else entry.run

@@ -17,7 +17,8 @@ import tools.protocol.ledger as ledger
 from common.run import ConfigError
 from tools.protocol.analysis import analyze
 from tools.protocol.ledger import JobsRecord, MethodSummary, RunRecord, Summary, summary_before, write_summary
-from tools.protocol.runners import LIVE_STATES, FinishJob, LocalRunner, Run, SlurmOptions, slurm_states, submit_to_slurm
+from tools.protocol.runners import (LIVE_STATES, FinishJob, LocalRunner, Run, SlurmOptions, run_log, slurm_states,
+                                    submit_to_slurm)
 from tools.protocol.seeds import merge_seeds
 from tools.protocol.settings import Protocol, jobs, run_flags
 from tools.protocol.status import pid_alive
@@ -35,7 +36,7 @@ def training_runs(protocol: Protocol, names: list[str]) -> list[Run]:
         for job, seed, seeds in jobs(protocol, name):
             if not complete(out / job):
                 runs.append(Run(job, [sys.executable, *run_flags(protocol, name, seed, seeds)], out / job,
-                                out / f"{job.replace('/', '.')}.log"))
+                                run_log(out, job)))
     return runs
 
 

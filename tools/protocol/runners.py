@@ -47,6 +47,12 @@ TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 """a run record's "ended" (local time)"""
 
 
+def run_log(out: Path, job: str) -> Path:
+    """OUT_DIR's log of a run's job (the script's output): OUT_DIR/<method>.log, or <method>.seed<k>.log for a seed
+    trained apart."""
+    return out / f"{job.replace('/', '.')}.log"
+
+
 @dataclass
 class Run:
     """One training run: its name in the protocol (the job's name), the script's command (without --run-dir and the

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from tools.protocol.ledger import JobsRecord
-from tools.protocol.runners import LIVE_STATES, job_outcome, last_line, slurm_states
+from tools.protocol.runners import LIVE_STATES, job_outcome, last_line, run_log, slurm_states
 from tools.protocol.settings import Protocol, jobs
 from tools.run_reader import RunReader, complete
 
@@ -59,7 +59,7 @@ def status_lines(protocol: Protocol) -> list[str]:
                 state = "running" if pid_alive(job_id) else ("stopped" if not protocol_alive else "ended")
             else:
                 state = "pending" if protocol_alive or record.executor == "slurm" else "not started"
-            log = out / f"{job.replace('/', '.')}.log"
+            log = run_log(out, job)
             if state == "failed" and not error:
                 error = last_line(log)
             lines.append(f"{protocol.env:9s} {job:24s} {str(job_id or '-'):>8s} {state:22s} "
