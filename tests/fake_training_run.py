@@ -34,7 +34,10 @@ run = Path(args.run_dir)
 if args.resume:
     config = json.loads((run / "config.json").read_text())
     step = int((run / "metrics.csv").read_text().splitlines()[-1].split(",")[0])
-    config["resumes"] = config.get("resumes", []) + [step]
+    was = config["args"]["total_timesteps"]
+    changed = {"total_timesteps": [was, args.total_timesteps]} if was != args.total_timesteps else {}  # (extended)
+    config["resumes"] = config.get("resumes", []) + [{"step": step, "changed": changed}]  # as the scripts record it
+    config["args"]["total_timesteps"] = args.total_timesteps
 else:
     assert args.overwrite or not run.exists() or not any(run.iterdir()), "a used run directory"
     run.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ import csv
 import json
 import lzma
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -89,7 +90,7 @@ def test_the_protocol_runs_one_method_per_device_in_order_and_skips_complete_one
     protocol.main(protocol.Args(str(out), resume=True, devices=("0", "1")))
     summary = read_summary(out)["methods"]
     assert all(e["complete"] for e in summary.values()) and set(summary) == set("abcd")
-    assert json.loads((out / "c" / "config.json").read_text())["resumes"] == [1]
+    assert [r["step"] for r in json.loads((out / "c" / "config.json").read_text())["resumes"]] == [1]
     assert summary["a"]["exit_status"] == 0 and "earlier" not in summary["a"]  # skipped (complete): its record kept
     assert summary["c"]["exit_status"] == 0 and [r["exit_status"] for r in summary["c"]["earlier"]] == [1]
 
@@ -595,3 +596,49 @@ def test_a_run_cut_off_with_the_protocol_keeps_its_wall_time(tmp_path, monkeypat
     entry = read_summary(whole)["methods"]["a"]
     assert entry["result"] == CUT_OFF and entry["wall_seconds"] == 60.0 and "seed_runs" not in entry
     assert entry["earlier"] == [{k: first[k] for k in ("exit_status", "wall_seconds", "ended")}]
+
+
+def test_method_steps_extends_a_finished_method_from_its_checkpoints_and_keeps_the_earlier_analysis(
+        tmp_path, monkeypatch):
+    """`--resume --method-steps a=4` takes a finished method's runs further (here from 2 to 4 env steps): each seed
+    resumes from its checkpoint with --total-timesteps 4, the seeds are merged again at the new end, the analyses
+    made at the earlier end are kept as analysis_at_2/ (and exported), the other methods are left as they were,
+    later --resume keep the new end, and a method the protocol does not run, or fewer steps, is refused."""
+    from tools import export
+
+    fake_methods(monkeypatch, a="--total-timesteps 2", b="--total-timesteps 2")
+    out = tmp_path / "protocol"
+    protocol.main(protocol.Args(str(out), env="babyai", seeds=2, analysis_episodes=1, seeds_apart=True,
+                                devices=("0",)))
+    for run in (out / "a", out / "a" / "seed1"):  # (analyses stand in: ANALYSES is empty for the fake methods)
+        (run / "analysis").mkdir()
+        (run / "analysis" / "records.json").write_text(f'[{{"at": 2, "run": "{run.name}"}}]')
+    b_before = (out / "b" / "eval.csv").read_text()
+
+    protocol.main(protocol.Args(str(out), resume=True, method_steps=("a=4",)))
+    assert json.loads((out / "protocol.json").read_text())["method_steps"] == ["a=4"]
+    for k in (1, 2):
+        config = json.loads((out / "a" / f"seed{k}" / "config.json").read_text())
+        assert config["resumes"] == [{"step": 2, "changed": {"total_timesteps": [2, 4]}}]
+        assert config["args"]["total_timesteps"] == 4
+    assert (out / "a" / "eval.csv").read_text().splitlines()[1:] == ["2,1", "2,2", "4,1", "4,2"]
+    assert json.loads((out / "a" / "config.json").read_text())["args"]["total_timesteps"] == 4
+    assert json.loads((out / "a" / "analysis_at_2" / "records.json").read_text()) == [{"at": 2, "run": "a"}]
+    assert (out / "a" / "seed1" / "analysis_at_2" / "records.json").exists()
+    assert not (out / "a" / "analysis").exists() and not (out / "a" / "seed1" / "analysis").exists()
+    assert (out / "b" / "eval.csv").read_text() == b_before and "resumes" not in json.loads(
+        (out / "b" / "seed1" / "config.json").read_text())
+    entry = read_summary(out)["methods"]["a"]
+    assert entry["complete"] and entry["env_steps_per_seed"] == 4 and entry["total_timesteps"] == 4
+    assert protocol.run_flags(protocol.resolve(protocol.Args(str(out), resume=True)), "a")[-2:] == [
+        "--total-timesteps", "4"]
+    protocol.main(protocol.Args(str(out), resume=True))  # the new end is kept: nothing to run
+    assert len(json.loads((out / "a" / "seed1" / "config.json").read_text())["resumes"]) == 1
+    export.export(out, tmp_path / "exported")
+    assert (tmp_path / "exported" / "a" / "analysis_at_2" / "records.json").exists()
+
+    for given, message in [(("a=3",), "a=3 is fewer env steps than its runs already go to (4)"),
+                           (("z=9",), "names methods this protocol does not run: ['z']"),
+                           (("a=x",), "--method-steps takes METHOD=N with N a positive number")]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            protocol.resolve(protocol.Args(str(out), resume=True, method_steps=given))

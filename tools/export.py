@@ -50,6 +50,7 @@ import tyro
 from common.run import exit_on_config_error, pack_table, pooled_windows, portable_config, require
 from tools.compact_agents import compress, portable_header
 from tools.protocol import ANALYSES, analyzed, complete, saved_agents
+from tools.protocol.settings import method_steps
 from tools.run_reader import RunReader
 
 TOP_FILES = ("protocol.json", "summary.json", "claims.md")
@@ -120,6 +121,11 @@ def copy_run(run: Path, dest: Path, with_agents: bool, analysis: str = "all", ag
         (dest / "analysis").mkdir(exist_ok=True)
         shutil.copyfile(run / "analysis" / "records.json", dest / "analysis" / "records.json")
         written.append(dest / "analysis" / "records.json")
+    for earlier in sorted(run.glob("analysis_at_*/")) if analysis != "none" else []:  # (a run --method-steps
+        files = sorted(p for p in earlier.rglob("*") if p.is_file())           # extended: its earlier end's)
+        for file in files if analysis == "all" else [f for f in files if f.name == "records.json"]:
+            (dest / file.relative_to(run)).parent.mkdir(parents=True, exist_ok=True)
+            written.append(Path(shutil.copyfile(file, dest / file.relative_to(run))))
     if with_agents:
         written.extend(copy_agents(run, dest, agent_seed))
     else:
@@ -156,7 +162,8 @@ def export(out: Path, dest: Path, agents: tuple[str, ...] = (), agent_seed: int 
         require(not (source.is_file() and newer_and_different(target, source)),
                 f"{target} differs from {source} and was written after it: the export would put the older one back; "
                 f"make {target.name} again in {out} (or remove it there) and export again")
-    agents_from = {method: agents_run(out / method, method, seed, settings.get("seeds_apart", False))
+    agents_from = {method: agents_run(out / method, method, seed, settings.get("seeds_apart", False),
+                                      steps_of_method(settings, method))
                    for method, seed in agent_seeds.items()}
     dest.mkdir(parents=True, exist_ok=True)
     written: dict[str, list[Path]] = {"": []}
@@ -171,10 +178,11 @@ def export(out: Path, dest: Path, agents: tuple[str, ...] = (), agent_seed: int 
     analysed_here = settings["env"] in ANALYSES
     for method in settings["methods"]:
         run, target = out / method, dest / method
+        steps = steps_of_method(settings, method)
         wanted, kept_from = agent_seeds.get(method), agents_from.get(method)
         written[method] = []
-        finished = complete(run) and (analyzed(run) or not analysed_here)
-        if complete(run):  # its agents go too while its analysis has not run (and may need them)
+        finished = complete(run, steps) and (analyzed(run) or not analysed_here)
+        if complete(run, steps):  # its agents go too while its analysis has not run (and may need them)
             seed = wanted if finished and method in agent_seeds else None  # (an unplayed one: every seed's)
             written[method] = copy_run(run, target, method in agent_seeds or not finished, agent_seed=seed,
                                        metrics_every=metrics_every)
@@ -184,30 +192,36 @@ def export(out: Path, dest: Path, agents: tuple[str, ...] = (), agent_seed: int 
             continue
         seed_runs = sorted(run.glob("seed*/")) if settings.get("seeds_apart") else []
         for seed_run in seed_runs:
-            if complete(seed_run):  # its records if it was played, else its agent (to be played); the one kept
+            if complete(seed_run, steps):  # its records if played, else its agent (to be played); the one kept
                 played = analyzed(seed_run) or not analysed_here
                 written[method].extend(copy_run(seed_run, target / seed_run.name,
                                                 with_agents=not played or seed_run == kept_from,
                                                 analysis="records", metrics_every=metrics_every))
             else:
                 print(f"[export] left out {seed_run} (not complete: it starts over when the protocol resumes)")
-        if not seed_runs and run.exists() and not complete(run):
+        if not seed_runs and run.exists() and not complete(run, steps):
             print(f"[export] left out {run} (not complete: it starts over when the protocol resumes)")
     return written
 
 
-def agents_run(run: Path, method: str, seed: int | None, seeds_apart: bool) -> Path:
-    """The run whose agent --agents keeps for a method: the method's own where it is complete, else (trained seed by
-    seed) its seed's; one line where that run is not complete or holds no parameter file of the seed."""
-    kept_from = run if complete(run) else run / f"seed{seed}"
-    require(complete(run) or (seed and seeds_apart),
+def agents_run(run: Path, method: str, seed: int | None, seeds_apart: bool, steps: int | None = None) -> Path:
+    """The run whose agent --agents keeps for a method: the method's own where it is complete (at steps, its
+    protocol's --method-steps, if given), else (trained seed by seed) its seed's; one line where that run is not
+    complete or holds no parameter file of the seed."""
+    kept_from = run if complete(run, steps) else run / f"seed{seed}"
+    require(complete(run, steps) or (seed and seeds_apart),
             f"--agents: {method} is not complete; its seeds go with their records (or their agents, not played yet) "
             f"until it is, and one complete seed's agent with --agents {method}=K")
-    require(complete(kept_from), f"--agents: {kept_from} is not complete; name a complete seed")
+    require(complete(kept_from, steps), f"--agents: {kept_from} is not complete; name a complete seed")
     require(any(seed is None or p.stem == f"params_seed{seed}" for p in saved_agents(kept_from)),
             f"--agents: {kept_from} holds no parameter file" + (f" of seed {seed}; name a seed that has one "
                                                                 f"(--agents {method}=K)" if seed else ""))
     return kept_from
+
+
+def steps_of_method(settings: dict, method: str) -> int | None:
+    """A method's env steps per seed by its protocol's --method-steps (protocol.json), or None: its runs' own end."""
+    return method_steps(tuple(settings.get("method_steps", ()))).get(method)
 
 
 def agents_to_keep(agents: tuple[str, ...], agent_seed: int | None) -> dict[str, int | None]:

@@ -194,9 +194,10 @@ class RunReader:
             steps = int(lines[-1].split(",")[0]) if len(lines) > 1 else 0
         return steps, self._read_config().get("args", {}).get("total_timesteps")
 
-    def complete(self) -> bool:
-        """The run evaluated at (or past: whole iterations) its protocol's last step."""
-        _, total = self.progress()
+    def complete(self, total: int | None = None) -> bool:
+        """The run evaluated at (or past: whole iterations) its last step: total, or else its own (config.json's
+        --total-timesteps; a protocol's --method-steps may extend a run past it)."""
+        total = total or self.progress()[1]
         evaluated = self.path / "eval.csv"
         steps = ([int(line.split(",")[0]) for line in read_table(evaluated).splitlines()[1:]]
                  if table_path(evaluated).exists() else [])
@@ -262,9 +263,9 @@ def method_reader(path: Path | str) -> RunReader:
     return RunReader(path)
 
 
-def complete(run_dir: Path) -> bool:
-    """RunReader(run_dir).complete(): for a caller that asks of one run once (the protocol, tools.export)."""
-    return RunReader(run_dir).complete()
+def complete(run_dir: Path, total: int | None = None) -> bool:
+    """RunReader(run_dir).complete(total): for a caller that asks of one run once (the protocol, tools.export)."""
+    return RunReader(run_dir).complete(total)
 
 
 def saved_agents(run_dir: Path) -> list[Path]:

@@ -8,6 +8,7 @@ OUT_DIR/<method>/ when all are complete, so every tool reads it as one run of al
     python -m tools.protocol OUT_DIR --env babyai                   # the nine BabyAI methods, 10 seeds each
     python -m tools.protocol OUT_DIR --env babyai --devices 0 1 2 3  # four GPUs: four methods at a time
     python -m tools.protocol OUT_DIR --resume                        # continue where it stopped
+    python -m tools.protocol OUT_DIR --resume --method-steps msfa=5000000  # take a method's runs further
     python -m tools.protocol OUT_DIR --env minihack --max-minutes 120 --methods msfa usfa_learned
     python -m tools.protocol OUT_DIR --env babyai fruitbot minihack --slurm --slurm-partition gpu  # a cluster
     python -m tools.protocol OUT_DIR --status                        # each run's job, state, progress, log
@@ -53,6 +54,7 @@ from tools.protocol.ledger import JobsRecord, run_record
 from tools.protocol.methods import ANALYSES, BLIND, METHODS, SCALES, paper_methods
 from tools.protocol.orchestration import run_here, submit
 from tools.protocol.runners import LIVE_STATES, SINGLE_THREADED, slurm_states
+from tools.protocol.seeds import extend
 from tools.protocol.settings import (Args, Protocol, choose_seeds, protocol_dirs, replay_bytes_per_seed, resolve,
                                      run_flags, save_settings, slurm_options)
 from tools.protocol.status import status_lines
@@ -91,5 +93,6 @@ def main(args: Args) -> None:
         if options is not None:
             submit(one, options)  # (protocol.json after: a submission SLURM refuses leaves OUT_DIR as it was)
         save_settings(one)
+        extend(one)  # (runs --method-steps takes past their end: re-opened)
         if options is None:
             run_here(one)

@@ -13,8 +13,8 @@ from pathlib import Path
 import tools.protocol.methods as methods
 from common.run import ROOT
 from tools.protocol.runners import Run, run_environment
-from tools.protocol.settings import Protocol, jobs
-from tools.run_reader import analyzed, complete, saved_agents
+from tools.protocol.settings import Protocol, jobs, reached
+from tools.run_reader import analyzed, saved_agents
 
 
 def run_analysis(protocol: Protocol, name: str, run_dir: Path, flags: list[str]) -> bool:
@@ -57,13 +57,13 @@ def analyze(protocol: Protocol, names: list[str]) -> dict[str, str]:
         seed_dirs = [protocol.out_dir / job for job in seed_jobs]
         failed = []
         for job, seed_dir in zip(seed_jobs, seed_dirs):
-            if complete(seed_dir) and not analyzed(seed_dir):
+            if reached(protocol, name, seed_dir) and not analyzed(seed_dir):
                 if not saved_agents(seed_dir) or not run_analysis(protocol, job, seed_dir, [str(seed_dir)]):
                     failed.append(job)
         played = [d for d in seed_dirs if analyzed(d)]
         if failed:
             outcome[name] = f"failed: {', '.join(failed)} (their .analysis.log)"
-        elif not complete(run_dir):
+        elif not reached(protocol, name, run_dir):
             outcome[name] = f"{len(played)} of {len(seed_dirs)} seeds played"
         elif len(played) < len(seed_dirs):
             outcome[name] = f"seeds without records: {[d.name for d in seed_dirs if d not in played]}"

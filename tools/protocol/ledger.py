@@ -18,8 +18,7 @@ from typing import Callable, TypedDict
 from common.run import ROOT
 from tools.protocol.runners import TIME_FORMAT, job_outcome, run_log
 from tools.protocol.seeds import method_progress
-from tools.protocol.settings import Protocol, jobs, method_seeds, run_flags
-from tools.run_reader import complete
+from tools.protocol.settings import Protocol, jobs, method_seeds, reached, run_flags
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -228,7 +227,7 @@ def write_summary(protocol: Protocol, outcome: dict[str, RunRecord] | None, befo
         steps, total = method_progress(protocol, name)
         script, *flags = run_flags(protocol, name)
         entry = MethodSummary(shlex.join([str(Path(script).relative_to(ROOT)), *flags]), steps, total,
-                              round(steps / total, 4) if total else 0.0, complete(out / name))
+                              round(steps / total, 4) if total else 0.0, reached(protocol, name, out / name))
         earlier = before.get(name) or MethodSummary.from_json({})
         if protocol.seeds_apart:
             seed_runs = earlier.seed_runs or {}
@@ -241,7 +240,7 @@ def write_summary(protocol: Protocol, outcome: dict[str, RunRecord] | None, befo
         runs = [job for job, _, _ in jobs(protocol, name)]
         if any(job in not_started for job in runs):  # its turn had not come when this invocation ended
             begun = any((out / job).exists() for job in runs)
-            left = [job.split("/")[-1] for job in runs if not complete(out / job)]
+            left = [job.split("/")[-1] for job in runs if not reached(protocol, job, out / job)]
             entry.status = ("not started" if not begun else
                             f"seeds to run: {', '.join(left)}" if protocol.seeds_apart else "to continue")
         summary.methods[name] = entry

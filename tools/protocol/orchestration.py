@@ -20,9 +20,8 @@ from tools.protocol.ledger import JobsRecord, MethodSummary, RunRecord, Summary,
 from tools.protocol.runners import (LIVE_STATES, FinishJob, LocalRunner, Run, SlurmOptions, run_log, slurm_states,
                                     submit_to_slurm)
 from tools.protocol.seeds import merge_seeds
-from tools.protocol.settings import Protocol, jobs, run_flags
+from tools.protocol.settings import Protocol, jobs, reached, run_flags
 from tools.protocol.status import pid_alive
-from tools.run_reader import complete
 
 COMMAND = f"python -m {__spec__.parent}"
 """the protocol's command line, as its messages say how to continue or follow it"""
@@ -34,7 +33,7 @@ def training_runs(protocol: Protocol, names: list[str]) -> list[Run]:
     runs = []
     for name in names:
         for job, seed, seeds in jobs(protocol, name):
-            if not complete(out / job):
+            if not reached(protocol, job, out / job):
                 runs.append(Run(job, [sys.executable, *run_flags(protocol, name, seed, seeds)], out / job,
                                 run_log(out, job)))
     return runs
@@ -61,7 +60,8 @@ def run_here(protocol: Protocol) -> None:
     out = protocol.out_dir
     start = time.time()
     deadline = None if protocol.max_minutes is None else start + 60 * protocol.max_minutes
-    done = [m for m in protocol.methods if complete(out / m) or (protocol.seeds_apart and merge_seeds(protocol, m))]
+    done = [m for m in protocol.methods
+            if reached(protocol, m, out / m) or (protocol.seeds_apart and merge_seeds(protocol, m))]
     queue = training_runs(protocol, [m for m in protocol.methods if m not in done])
     slots = (list(protocol.devices) or
              ([str(c) for c in sorted(os.sched_getaffinity(0))] if protocol.seeds_apart else [None]))
@@ -92,7 +92,7 @@ def run_here(protocol: Protocol) -> None:
         method = name.split("/")[0]
         if protocol.seeds_apart:
             merge_seeds(protocol, method)
-        if not runner.stopped and complete(out / name):
+        if not runner.stopped and reached(protocol, name, out / name):
             # now, while its agents are here: tools.export need not carry them after
             analysis.update(analyze(protocol, [method]))
         write_summary(protocol, runner.outcome, before, analysis)

@@ -19,6 +19,7 @@ from common.run import ROOT, require
 from tools.protocol.methods import (BLIND, ENV_WORKERS, FIT_SEEDS, HOST_ENVS, METHODS, PAPER_SEEDS, SCALES,
                                     paper_methods)
 from tools.protocol.runners import SlurmOptions
+from tools.run_reader import RunReader, complete
 
 ANALYSIS_EPISODES = 40
 """--analysis-episodes' default: the paper's Table A"""
@@ -41,6 +42,11 @@ class Args:
     method_seeds: tuple[str, ...] = ()
     """other seed counts for some methods, as METHOD=N (e.g. msfa_blind=10 msfa=3): those methods train seeds 1..N,
     the others --seeds"""
+    method_steps: tuple[str, ...] = ()
+    """env steps per seed for some methods, as METHOD=STEPS (e.g. msfa=5000000): their runs get --total-timesteps
+    STEPS after --extra's; with --resume it extends them (more than they had; kept in protocol.json): each run goes on
+    from its final checkpoint, a method trained seed by seed is merged again at the new end, and each analysis made
+    at the earlier end is kept as analysis_at_<steps>/ (tools/protocol/seeds.py, extend)"""
     devices: tuple[str, ...] = ()
     """GPUs to use, one method on each at a time (CUDA_VISIBLE_DEVICES of its run); on a CPU the cores to use, one
     seed's run pinned to each (default: one run at a time on whatever JAX sees; on a CPU every core)"""
@@ -93,7 +99,8 @@ class Args:
             self.env = (self.env,)
 
 
-SAVED = ("env", "methods", "seeds", "method_seeds", "env_workers", "scale", "extra", "seeds_apart")
+SAVED = ("env", "methods", "seeds", "method_seeds", "env_workers", "scale", "extra", "seeds_apart",
+         "method_steps")
 """the settings protocol.json keeps for --resume (the fields of Protocol it holds, in its order)"""
 
 
@@ -116,25 +123,49 @@ class Protocol:
     extra: str = ""
     seeds_apart: bool = False
     """each seed trained in its own process (OUT_DIR/<method>/seed<k>/), merged when all are complete"""
+    method_steps: tuple[str, ...] = ()
+    """--method-steps, as extended by every --resume that gave it (METHOD=STEPS entries; steps_of() reads them)"""
     devices: tuple[str, ...] = ()
     max_minutes: float | None = None
     analysis_episodes: int = ANALYSIS_EPISODES
 
 
-def method_seeds(entries: tuple[str, ...]) -> dict[str, int]:
-    """--method-seeds as {method: seeds}; one line where an entry is not METHOD=N with N positive."""
+def per_method(entries: tuple[str, ...], flag: str, example: str) -> dict[str, int]:
+    """METHOD=N entries of a flag as {method: N}; one line where an entry is not METHOD=N with N positive."""
     out = {}
     for entry in entries:
         name, _, count = entry.partition("=")
-        require(count.isdigit() and int(count) > 0, f"--method-seeds takes METHOD=N with N a positive number (e.g. "
-                                                    f"msfa_blind=10), got {entry!r}")
+        require(count.isdigit() and int(count) > 0, f"{flag} takes METHOD=N with N a positive number (e.g. "
+                                                    f"{example}), got {entry!r}")
         out[name] = int(count)
     return out
+
+
+def method_seeds(entries: tuple[str, ...]) -> dict[str, int]:
+    """--method-seeds as {method: seeds}."""
+    return per_method(entries, "--method-seeds", "msfa_blind=10")
+
+
+def method_steps(entries: tuple[str, ...]) -> dict[str, int]:
+    """--method-steps as {method: env steps per seed}."""
+    return per_method(entries, "--method-steps", "msfa=5000000")
 
 
 def seeds_of(protocol: Protocol, name: str) -> int:
     """The number of seeds (1..N) a method trains."""
     return method_seeds(protocol.method_seeds).get(name, protocol.seeds)
+
+
+def steps_of(protocol: Protocol, name: str) -> int | None:
+    """The env steps per seed --method-steps gives a method (or one of its runs, METHOD/seed<k>); None: its runs'
+    own --total-timesteps."""
+    return method_steps(protocol.method_steps).get(name.split("/")[0])
+
+
+def reached(protocol: Protocol, name: str, run_dir: Path) -> bool:
+    """Whether a method's run (OUT_DIR/<method>, or a seed's OUT_DIR/<method>/seed<k>) is complete for this
+    protocol: evaluated at its --method-steps, or else at its own last step (tools.run_reader.complete)."""
+    return complete(run_dir, steps_of(protocol, name))
 
 
 def jobs(protocol: Protocol, name: str) -> list[tuple[str, int, int]]:
@@ -153,8 +184,9 @@ def run_flags(protocol: Protocol, name: str, seed: int = 1, seeds: int | None = 
         flags += ["--env-workers", str(protocol.env_workers)]
     scale = SCALES[protocol.scale].get(protocol.env, {})
     flags += shlex.split(scale.get("all", "")) + shlex.split(scale.get(name.removesuffix(BLIND), ""))
+    steps = steps_of(protocol, name)
     return [str(ROOT / script), *flags, "--seed", str(seed), "--num-seeds", str(seeds or seeds_of(protocol, name)),
-            *shlex.split(protocol.extra)]
+            *shlex.split(protocol.extra), *(["--total-timesteps", str(steps)] if steps else [])]
 
 
 # ---------------------------------------------------------------------------------------------- the device's memory
@@ -225,6 +257,7 @@ def resolve(args: Args, env: str | None = None) -> Protocol:
         saved = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in SAVED}
         as_given = saved | {"env": (saved["env"],)}  # (the command line's --env takes several)
         given = {k: getattr(args, k) for k in SAVED if getattr(args, k) not in (None, (), "")}
+        saved["method_steps"] = extended(out, saved, given.pop("method_steps", ()))
         if "env" in given and len(given["env"]) > 1:
             given["env"] = tuple(e for e in given["env"] if e in as_given["env"]) or given["env"]
         differs = {k: v for k, v in given.items() if (tuple(v) if isinstance(v, list) else v) != as_given[k]}
@@ -246,8 +279,10 @@ def resolve(args: Args, env: str | None = None) -> Protocol:
     unknown = [m for m in args.methods if m not in known]
     require(not unknown, f"unknown methods {unknown} for --env {env}; choose from {', '.join(known)}")
     require(args.seeds is None or args.seeds > 0, f"--seeds must be positive, got {args.seeds}")
-    stray = sorted(set(method_seeds(args.method_seeds)) - set(args.methods or paper_methods(env)))  # (each checked)
-    require(not stray, f"--method-seeds names methods this protocol does not run: {stray}")
+    for flag, named in (("--method-seeds", method_seeds(args.method_seeds)),  # (each entry checked)
+                        ("--method-steps", method_steps(args.method_steps))):
+        stray = sorted(set(named) - set(args.methods or paper_methods(env)))
+        require(not stray, f"{flag} names methods this protocol does not run: {stray}")
     require(env_workers > 0 and args.analysis_episodes > 0, "--env-workers and --analysis-episodes must be positive")
     require(len(set(args.devices)) == len(args.devices), f"--devices repeats a device: {' '.join(args.devices)}")
     seeds_apart = args.seeds_apart
@@ -257,10 +292,24 @@ def resolve(args: Args, env: str | None = None) -> Protocol:
         seeds_apart = not args.slurm and jax.default_backend() == "cpu"
     protocol = Protocol(**invocation, env=env, methods=args.methods or paper_methods(env),  # seeds: below
                         method_seeds=args.method_seeds, env_workers=env_workers, scale=scale, extra=args.extra,
-                        seeds_apart=seeds_apart)
+                        seeds_apart=seeds_apart, method_steps=args.method_steps)
     limit = device_memory_limit() if env in FIT_SEEDS and not args.slurm else None
     per_seed = replay_bytes_per_seed(protocol) if limit is not None else None
     return dataclasses.replace(protocol, seeds=choose_seeds(args.seeds, per_seed, limit))
+
+
+def extended(out: Path, saved: dict, given: tuple[str, ...]) -> tuple[str, ...]:
+    """--resume's --method-steps: the saved entries, with those given added or raised; one line where a given one
+    names a method the protocol does not run or is fewer env steps than the method's runs already go to."""
+    steps = method_steps(saved.get("method_steps", ())) | method_steps(given)
+    stray = sorted(set(method_steps(given)) - set(saved["methods"]))
+    require(not stray, f"--method-steps names methods this protocol does not run: {stray}")
+    for name, wanted in method_steps(given).items():
+        totals = [RunReader(d).progress()[1] or 0 for d in [out / name, *sorted((out / name).glob("seed*/"))]]
+        have = max([*totals, method_steps(saved.get("method_steps", ())).get(name, 0)])
+        require(wanted >= have, f"--method-steps {name}={wanted} is fewer env steps than its runs already go to "
+                                f"({have:,}); a protocol extends a method, it never shortens one")
+    return tuple(f"{name}={n}" for name, n in steps.items())
 
 
 def save_settings(protocol: Protocol) -> None:

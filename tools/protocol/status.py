@@ -8,8 +8,8 @@ from pathlib import Path
 
 from tools.protocol.ledger import JobsRecord
 from tools.protocol.runners import LIVE_STATES, job_outcome, last_line, run_log, slurm_states
-from tools.protocol.settings import Protocol, jobs
-from tools.run_reader import RunReader, complete
+from tools.protocol.settings import Protocol, jobs, reached, steps_of
+from tools.run_reader import RunReader
 
 
 def last_evaluation(run_dir: Path) -> str:
@@ -35,15 +35,16 @@ def status_lines(protocol: Protocol) -> list[str]:
     protocol_alive = record.executor == "local" and pid_alive(record.protocol_pid)
     lines = []
     for name in protocol.methods:
-        if protocol.seeds_apart and complete(out / name):
+        if protocol.seeds_apart and reached(protocol, name, out / name):
             names = [name]
         else:
             names = [job for job, _, _ in jobs(protocol, name)]
         for job in names:
             run_dir, job_id = out / job, record.jobs.get(job)
             steps, total = RunReader(run_dir).progress()
+            total = steps_of(protocol, name) or total
             error = ""
-            if complete(run_dir):
+            if reached(protocol, job, run_dir):
                 state = "done"
             elif record.executor == "slurm" and job_id is not None:
                 state, restarts = states.get(str(job_id), ("", 0))
