@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
-from common.run import portable_config, read_table
+from common.run import PACKED, portable_config, read_table
 from tools.protocol.settings import Protocol, jobs, reached, seeds_of, steps_of
 from tools.run_reader import RunReader, saved_agents
 
@@ -49,7 +48,8 @@ def method_progress(protocol: Protocol, name: str) -> tuple[int, int | None]:
 
 
 MERGED = ("config.json", "metrics.csv", "eval.csv")
-"""what merge_seeds writes into OUT_DIR/<method>/ besides its seeds' parameter files (hard links)"""
+"""what merge_seeds writes into OUT_DIR/<method>/ besides its seeds' parameter files (hard links); the tables may
+be packed (.xz: a protocol resumed from tools.export's copy)"""
 
 
 def extend(protocol: Protocol) -> None:
@@ -69,11 +69,10 @@ def extend(protocol: Protocol) -> None:
                 continue  # (not at an earlier end: still training, or extended already)
             step = reader.progress()[0]
             if (run / "analysis").is_dir():
-                aside = run / f"analysis_at_{step}"
-                shutil.rmtree(aside, ignore_errors=True)  # (an extension cut off while moving it)
-                (run / "analysis").rename(aside)
-            if run == method_dir and protocol.seeds_apart:
-                for path in [*(run / f for f in MERGED), *reader.saved_agents()]:  # config.json first: complete()
-                    path.unlink(missing_ok=True)  # reads it
+                (run / "analysis").rename(run / f"analysis_at_{step}")
+            if run == method_dir and protocol.seeds_apart:  # config.json first: complete() reads it
+                tables = [run / f"{table}{packed}" for table in MERGED[1:] for packed in ("", PACKED)]
+                for path in [run / MERGED[0], *tables, *reader.saved_agents()]:
+                    path.unlink(missing_ok=True)
             print(f"[protocol] {run.relative_to(protocol.out_dir)}: extended from {step:,} to "
                   f"{steps_of(protocol, name):,} env steps per seed", flush=True)
