@@ -210,6 +210,7 @@ def test_the_cumulants_table_gpis_cost_and_both_forms(protocol):
     write_records(protocol / "msfa_blind", [(0.0, 1.0), (0.02, 0.98), (0.01, 1.0)])
     write_method(protocol, "usfa_learned_blind", "USFA (learned cumulants, reward-blind)",
                  {("train", 0): [10, 10, 10], ("test", 1): [11, 11, 11], ("test", 0): [1, 2, 3]})
+    write_records(protocol / "usfa_learned_blind", [(0.0, 1.0), (0.05, 1.0), (0.2, 1.0)])  # c: mean 0.083, not separated
     _, values = claims.per_seed_measures(protocol / "msfa_blind")
     assert values["crosstalk"] == pytest.approx({1: 0.0, 2: 0.02, 3: 0.01})
     assert values["own_unrewarded"] == pytest.approx({1: 1.0, 2: 0.98, 3: 1.0})
@@ -217,9 +218,12 @@ def test_the_cumulants_table_gpis_cost_and_both_forms(protocol):
     assert values["gpi_cost_train"] == pytest.approx({1: 0, 2: 0, 3: 1})  # (each task's +-0.1 spread cancels)
     text = "\n".join(claims.claims(protocol))
     rows = table_rows(text.split("## The learned cumulants' response")[1].split("\n## ")[0])
-    # seeds, own rewarded, own unrewarded, crosstalk c, cross unrewarded, c with the reward 0, GPI's cost
+    # seeds, own rewarded, own unrewarded, crosstalk c, cross unrewarded, c with the reward 0, GPI's cost, separated
     assert rows["MSFA"][0] == "3" and rows["MSFA"][2].startswith("0.100") and rows["MSFA"][3].startswith("0.900")
     assert rows["MSFA (reward-blind)"][3].startswith("0.010") and rows["MSFA (reward-blind)"][6].startswith("0.33")
+    assert rows["MSFA"][7] == "no" and rows["MSFA (reward-blind)"][7] == "yes"  # c's interval under 0.1 or not
+    usfa = rows["USFA (learned cumulants, reward-blind)"]
+    assert usfa[3].startswith("0.083") and usfa[7] == "no"  # its mean under 0.1, but not its interval's top
     comparisons = table_rows(text.split("## The paper's comparisons")[1].split("\n## ")[0])
     both = "MSFA beats USFA with learned cumulants on the test tasks (GPI) [both reward-blind]"
     assert comparisons[both][2].startswith("2.00") and comparisons[both][3] == "holds"

@@ -26,8 +26,10 @@ reference an SF method can reach. The comparisons are the paper's BabyAI results
 what its baselines are there to show (section 5: UVFA, SF&GPI's transfer; UVFA-FARM and MVFA, the benefit of modules
 that learn SFs rather than values).
 
-For the methods whose eval.csv records the learned cumulants' response (docs/cumulants.md), the crosstalk c over
-training: at up to 10 evaluations, mean over seeds and its 95% bootstrap interval.
+For the methods with learned cumulants, their response at the end (tools.analyze's records: docs/cumulants.md), with
+whether they are separated (category detectors: the crosstalk c's 95% interval wholly below SEPARATED_BELOW), and
+GPI's cost on the train tasks; for those whose eval.csv records the response, c over training: at up to 10
+evaluations, mean over seeds and its 95% bootstrap interval.
 
 Then per test task, each method's return with GPI (the SF methods) and without (every method), mean over seeds and its
 95% bootstrap interval, beside the BFS oracle's and random play's stored returns (the paper's Figure 3 as a table).
@@ -63,6 +65,9 @@ CUMULANT_MEASURES = {  # name: column title (the learned cumulants' response: do
     "crosstalk_counterfactual": "c, previous reward 0",
     "gpi_cost_train": "GPI's cost, train",
 }
+SEPARATED_BELOW = 0.1
+"""the cumulants of a method are called separated (category detectors, not reward detectors) where the crosstalk c's
+95% interval over its seeds lies wholly below this"""
 DIGITS = {"error_train": 3, "error_test": 3} | {name: 3 for name in CUMULANT_MEASURES} | {"gpi_cost_train": 2}
 COMPARISONS = (  # (claim, A, its measure, B, its measure, the paper's side of A - B: +1, -1, or 0 for a reference)
     ("MSFA beats USFA with learned cumulants on the test tasks (GPI)", "msfa", "test_gpi", "usfa_learned",
@@ -286,14 +291,17 @@ def cumulant_table(measured: dict, labels: dict[str, str]) -> list[str]:
              "rewarded pickups; other categories' unrewarded pickups; c again with the previous-reward input 0 "
              "(the counterfactual). A category detector gives 1, 1, 0, 0, (0); a reward detector 1, 0, 1, 0, (0). "
              "GPI's cost: the greedy train-task return acting on w minus with GPI (eval.csv's last evaluation; 0 "
-             "with exact cumulants). Mean over seeds [95% bootstrap interval].", "",
-             "| method | seeds | " + " | ".join(CUMULANT_MEASURES.values()) + " |",
-             "|---|---:|" + "---:|" * len(CUMULANT_MEASURES)]
+             "with exact cumulants). Mean over seeds [95% bootstrap interval]. Separated: c's interval lies wholly "
+             f"below {SEPARATED_BELOW} (category detectors).", "",
+             "| method | seeds | " + " | ".join(CUMULANT_MEASURES.values()) + " | separated |",
+             "|---|---:|" + "---:|" * len(CUMULANT_MEASURES) + "---|"]
     for name, values in rows:
-        cells = [cell(*interval(np.array(list(values[m].values()))), digits=DIGITS[m]) if values.get(m) else "-"
-                 for m in CUMULANT_MEASURES]
+        intervals = {m: interval(np.array(list(values[m].values()))) for m in CUMULANT_MEASURES if values.get(m)}
+        cells = [cell(*intervals[m], digits=DIGITS[m]) if m in intervals else "-" for m in CUMULANT_MEASURES]
+        separated = "-" if "crosstalk" not in intervals else (
+            "yes" if intervals["crosstalk"][2] < SEPARATED_BELOW else "no")
         seeds = max(len(values[m]) for m in CUMULANT_MEASURES if values.get(m))
-        lines.append(f"| {labels[name]} | {seeds} | " + " | ".join(cells) + " |")
+        lines.append(f"| {labels[name]} | {seeds} | " + " | ".join([*cells, separated]) + " |")
     return lines
 
 
