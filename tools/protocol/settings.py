@@ -301,15 +301,15 @@ def resolve(args: Args, env: str | None = None) -> Protocol:
 def extended(out: Path, saved: dict, given: tuple[str, ...]) -> tuple[str, ...]:
     """--resume's --method-steps: the saved entries, with those given added or raised; one line where a given one
     names a method the protocol does not run or is fewer env steps than the method's runs already go to."""
-    steps = method_steps(saved.get("method_steps", ())) | method_steps(given)
-    stray = sorted(set(method_steps(given)) - set(saved["methods"]))
+    before, asked = method_steps(saved.get("method_steps", ())), method_steps(given)
+    stray = sorted(set(asked) - set(saved["methods"]))
     require(not stray, f"--method-steps names methods this protocol does not run: {stray}")
-    for name, wanted in method_steps(given).items():
+    for name, wanted in asked.items():
         totals = [RunReader(d).progress()[1] or 0 for d in [out / name, *sorted((out / name).glob("seed*/"))]]
-        have = max([*totals, method_steps(saved.get("method_steps", ())).get(name, 0)])
+        have = max([*totals, before.get(name, 0)])
         require(wanted >= have, f"--method-steps {name}={wanted} is fewer env steps than its runs already go to "
                                 f"({have:,}); a protocol extends a method, it never shortens one")
-    return tuple(f"{name}={n}" for name, n in steps.items())
+    return tuple(f"{name}={n}" for name, n in (before | asked).items())
 
 
 def save_settings(protocol: Protocol) -> None:
