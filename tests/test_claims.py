@@ -294,3 +294,51 @@ def test_the_crosstalk_over_training_is_pooled_per_seed_at_evenly_spaced_evaluat
     assert [r.split("|")[1].strip() for r in rows] == [f"{s:,}" for s in range(200, 2100, 200)]
     # at 2,000: seed 1's c = 3/6 * 1, seed 2's 3/6 * 2: mean 0.75, the two seeds the interval's ends
     assert rows[-1].split("|")[2].strip() == "0.750 [0.500, 1.000]"
+
+
+def write_response_run(root, name, steps, crosstalk, room=None):
+    """A method's run with the cumulant response in eval.csv: at each step, every seed's train-task rows acting on
+    w with c = crosstalk(step, seed) on one rewarded pickup each, and its test-task rows (a return of 1); `room` the
+    BabyAI room's settings in config.json (the paper's room where None)."""
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"method": name, "script": "msfa_babyai.py", "args": room or {}}))
+    with (run / "eval.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, [*EVAL_FIELDS, "phi_crosstalk", "pickups_rewarded"])
+        writer.writeheader()
+        for step in steps:
+            for seed in (1, 2):
+                row = {"step": step, "seed": seed, "episodes": 20, "return_mean": 1, "return_std": 0}
+                for w in TRAIN_TASKS:
+                    writer.writerow({**row, "split": "train", "task": format_task(w), "gpi": 0,
+                                     "phi_crosstalk": crosstalk(step, seed), "pickups_rewarded": 1})
+                for w in TEST_TASKS:
+                    for gpi in (0, 1):
+                        writer.writerow({**row, "split": "test", "task": format_task(w), "gpi": gpi})
+
+
+def test_another_rooms_protocol_stands_beside_in_c_over_training_alone(tmp_path_factory, capsys):
+    """The paper's room beside the miniature: its returns are on another scale, so --beside refuses it with one line;
+    --crosstalk-beside adds its methods to the c-over-training table alone, at the env steps both evaluated (the
+    miniature evaluates more often), and to no other table."""
+    paper, mini = tmp_path_factory.mktemp("paper_cpu"), tmp_path_factory.mktemp("mini")
+    write_response_run(paper, "msfa", range(256, 2561, 256), lambda step, seed: 0.9)
+    write_response_run(mini, "msfa", range(128, 2561, 128), lambda step, seed: step / 2560 * seed / 2,
+                       room={"grid_size": 6, "objects_per_category": 1, "episode_steps": 50})
+    with pytest.raises(SystemExit) as exit_info:
+        claims.main(claims.Args(out_dir=str(paper), beside=(str(mini),)))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and "another room (grid_size 6, objects_per_category 1" in err[0]
+    assert "--crosstalk-beside" in err[0]
+    text = "\n".join(claims.claims(paper, crosstalk_beside=(mini,)))
+    rows = table_rows(text[text.index("## The crosstalk c over training"):].split("\n## ")[0])
+    assert rows.pop("env steps") == ["msfa", f"msfa [{mini.name}]"]
+    assert list(rows) == [f"{s:,}" for s in range(256, 2561, 256)]  # the paper's steps, not the miniature's 128s
+    assert rows["1,280"] == ["0.900 [0.900, 0.900]", "0.375 [0.250, 0.500]"]  # seeds 1, 2: 1280/2560 * seed/2
+    per_method = table_rows(text.split("## The crosstalk")[0])
+    assert f"msfa [{mini.name}]" not in per_method and "msfa" in per_method
+    assert mini.name not in text.split("## The crosstalk c over training")[1].split("\n## ", 1)[1]
+    # a protocol with no evaluated step in common with this one: said, not a crash
+    other = tmp_path_factory.mktemp("other")
+    write_response_run(other, "msfa", (100, 300), lambda step, seed: 0.5)
+    assert "No env step was evaluated by every one of" in "\n".join(claims.claims(paper, crosstalk_beside=(other,)))

@@ -1,7 +1,7 @@
 """The paper's BabyAI claims on one protocol's runs: a table per method and the paper's comparisons, each with a 95%
 interval over seeds.
 
-    python -m tools.claims OUT_DIR [--out OUT_DIR/claims.md] [--beside OTHER_DIR ...]
+    python -m tools.claims OUT_DIR [--out OUT_DIR/claims.md] [--beside OTHER_DIR ...] [--crosstalk-beside DIR ...]
 
 OUT_DIR is a BabyAI protocol's folder (tools.protocol): one folder per method, named as the protocol names them
 (msfa, usfa_learned, usfa, uvfa_farm, msfa_entangled_psi, ..., uvfa, mvfa), each a run of every seed with its
@@ -30,6 +30,13 @@ For the methods with learned cumulants, their response at the end (tools.analyze
 whether they are separated (category detectors: the crosstalk c's 95% interval wholly below SEPARATED_BELOW), and
 GPI's cost on the train tasks; for those whose eval.csv records the response, c over training: at up to 10
 evaluations, mean over seeds and its 95% bootstrap interval.
+
+--beside puts another protocol of the same room beside this one (e.g. the paper form's 10 seeds beside a protocol
+of reward-blind forms): its methods join every table and comparison. A protocol of another room is refused there
+(its returns are on another scale, and the per-task tables' references are this room's); --crosstalk-beside adds
+its methods to the c-over-training table alone, at the env steps every method there evaluated: the paper's room
+beside the miniature at the same env steps, c being a room-free measure (1 for a reward detector, 0 for a category
+detector).
 
 Then per test task, each method's return with GPI (the SF methods) and without (every method), mean over seeds and its
 95% bootstrap interval, beside the BFS oracle's and random play's stored returns (the paper's Figure 3 as a table).
@@ -102,8 +109,12 @@ class Args:
     out: str | None = None
     """where to write the markdown (default OUT_DIR/claims.md)"""
     beside: tuple[str, ...] = ()
-    """other protocols' folders whose methods join the tables, each named '<label> [<folder name>]' (e.g. the paper
-    form's 10 seeds beside a protocol of reward-blind forms); each form comparison is made against them too"""
+    """other protocols' folders in the same room whose methods join the tables, each named '<label> [<folder
+    name>]' (e.g. the paper form's 10 seeds beside a protocol of reward-blind forms); each form comparison is made
+    against them too"""
+    crosstalk_beside: tuple[str, ...] = ()
+    """other protocols' folders, of any room, whose methods' crosstalk c joins the c-over-training table alone
+    (named '<label> [<folder name>]'), at the env steps every method there evaluated"""
 
 
 def last_evaluation(run: RunReader) -> Evaluation:
@@ -228,16 +239,25 @@ def reference_rows(entry: dict | None) -> list[str]:
     return rows
 
 
-def claims(out_dir: Path, beside: tuple[Path, ...] = ()) -> list[str]:
+def claims(out_dir: Path, beside: tuple[Path, ...] = (), crosstalk_beside: tuple[Path, ...] = ()) -> list[str]:
     runs = method_runs(out_dir)
     require(bool(runs), f"{out_dir} holds no run folder with an eval.csv (nor a complete seed<k>/ run); pass a "
                         "protocol's folder")
     labels = {name: run.label for name, run in runs.items()}
+    room = room_of(next(iter(runs.values())))
     for other in beside:  # (their methods named <method>@<folder>)
-        theirs = method_runs(other)
-        require(bool(theirs), f"--beside {other} holds no run folder with an eval.csv; pass a protocol's folder")
+        theirs = others_runs(other, "--beside")
+        for run in theirs.values():
+            require(room_of(run) == room,
+                    f"--beside {other}: {run.path} was trained in another room ({room_of(run)}) than {out_dir} "
+                    f"({room}); its returns do not compare: pass it as --crosstalk-beside for c over training alone")
         runs |= {f"{name}@{other.name}": method for name, method in theirs.items()}
         labels |= {f"{name}@{other.name}": f"{run.label} [{other.name}]" for name, run in theirs.items()}
+    curve_runs, curve_labels = dict(runs), dict(labels)
+    for other in crosstalk_beside:
+        theirs = others_runs(other, "--crosstalk-beside")
+        curve_runs |= {f"{name}@{other.name}": method for name, method in theirs.items()}
+        curve_labels |= {f"{name}@{other.name}": f"{run.label} [{other.name}]" for name, run in theirs.items()}
     evaluations = {name: last_evaluation(run) for name, run in runs.items()}
     measured = {name: per_seed_measures(run, evaluations[name]) for name, run in runs.items()}
     partial = [f"{labels[name]} (seeds {', '.join(d.name[4:] for d in run.seed_runs)})"
@@ -258,7 +278,7 @@ def claims(out_dir: Path, beside: tuple[Path, ...] = ()) -> list[str]:
     stored = stored_references(next(iter(runs.values())))
     lines += reference_rows(stored)
     lines += cumulant_table(measured, labels)
-    lines += crosstalk_over_training(runs, labels)
+    lines += crosstalk_over_training(curve_runs, curve_labels)
     lines += ["", "## The paper's comparisons", "",
               "A - B: the difference of the means over seeds [95% bootstrap interval]; holds where the interval lies "
               "on the paper's side of 0.", "",
@@ -277,6 +297,18 @@ def claims(out_dir: Path, beside: tuple[Path, ...] = ()) -> list[str]:
     lines += per_task_tables({name: per_task_returns(rows) for name, (_, rows) in evaluations.items()}, labels,
                              stored)
     return lines
+
+
+def others_runs(other: Path, option: str) -> dict[str, RunReader]:
+    """Another protocol's method runs (method_runs), refused with one line where it has none."""
+    theirs = method_runs(other)
+    require(bool(theirs), f"{option} {other} holds no run folder with an eval.csv; pass a protocol's folder")
+    return theirs
+
+
+def room_of(run: RunReader) -> str:
+    """A BabyAI run's room, as words: what must agree for two runs' returns to compare."""
+    return ", ".join(f"{key} {value}" for key, value in reference_returns.room_setting(run.babyai_room()).items())
 
 
 def cumulant_table(measured: dict, labels: dict[str, str]) -> list[str]:
@@ -314,14 +346,15 @@ def crosstalk_over_training(runs: dict[str, RunReader], labels: dict[str, str], 
     if not curves:
         return []
     steps = sorted(set.intersection(*(set(by_step) for by_step in curves.values())))
-    stride = -(-len(steps) // rows)
-    shown = steps[::-1][::stride][::-1]
     lines = ["", "## The crosstalk c over training", "",
              "c (phi^i at other categories' rewarded pickups: 1 for a reward detector, 0 for a category detector) at "
              "the evaluations' own train-task episodes acting on w (eval.csv), each seed's pooled over its pickups; "
-             "mean over seeds [95% bootstrap interval].", "",
-             "| env steps | " + " | ".join(labels[name] for name in curves) + " |",
-             "|---:|" + "---:|" * len(curves)]
+             "mean over seeds [95% bootstrap interval]; at the env steps every method here evaluated.", ""]
+    if not steps:
+        return [*lines, "No env step was evaluated by every one of " + ", ".join(labels[n] for n in curves) + "."]
+    stride = -(-len(steps) // rows)
+    shown = steps[::-1][::stride][::-1]
+    lines += ["| env steps | " + " | ".join(labels[name] for name in curves) + " |", "|---:|" + "---:|" * len(curves)]
     for step in shown:
         cells = []
         for by_step in curves.values():
@@ -377,12 +410,14 @@ def per_task_tables(returns: dict[str, dict], labels: dict[str, str], stored: di
 def main(args: Args) -> None:
     out_dir = Path(args.out_dir)
     require(out_dir.is_dir(), f"{out_dir} is not a folder; pass a BabyAI protocol's folder")
-    beside = tuple(Path(d) for d in args.beside)
-    for other in beside:
-        require(other.is_dir() and other.resolve() != out_dir.resolve(),
-                f"--beside {other} is not a folder other than OUT_DIR; pass another protocol's folder")
-    title = f"{out_dir}" + "".join(f", beside {d}" for d in beside)
-    lines = [f"# The paper's claims on {title}", "", *claims(out_dir, beside), ""]
+    beside, crosstalk_beside = (tuple(Path(d) for d in dirs) for dirs in (args.beside, args.crosstalk_beside))
+    for option, others in (("--beside", beside), ("--crosstalk-beside", crosstalk_beside)):
+        for other in others:
+            require(other.is_dir() and other.resolve() != out_dir.resolve(),
+                    f"{option} {other} is not a folder other than OUT_DIR; pass another protocol's folder")
+    title = f"{out_dir}" + "".join(f", beside {d}" for d in beside) + "".join(
+        f", c over training beside {d}" for d in crosstalk_beside)
+    lines = [f"# The paper's claims on {title}", "", *claims(out_dir, beside, crosstalk_beside), ""]
     out = Path(args.out) if args.out else out_dir / "claims.md"
     out.write_text("\n".join(lines))
     print("\n".join(lines))
