@@ -56,6 +56,8 @@ from tools.run_reader import RunReader
 TOP_FILES = ("protocol.json", "summary.json", "claims.md")
 TOP_FOLDERS = ("figures",)
 TABLES = ("metrics.csv", "eval.csv")  # packed (common.run.pack_table): metrics.csv.xz, eval.csv.xz
+UNFINISHED = ("(not complete: the protocol's --resume continues it from its checkpoint; resumed from a copy made "
+              "by this export, which holds no checkpoints, it would train from the start)")
 
 
 @dataclass
@@ -198,9 +200,9 @@ def export(out: Path, dest: Path, agents: tuple[str, ...] = (), agent_seed: int 
                                                 with_agents=not played or seed_run == kept_from,
                                                 analysis="records", metrics_every=metrics_every))
             else:
-                print(f"[export] left out {seed_run} (not complete: it starts over when the protocol resumes)")
+                print(f"[export] left out {seed_run} {UNFINISHED}")
         if not seed_runs and run.exists() and not complete(run, steps):
-            print(f"[export] left out {run} (not complete: it starts over when the protocol resumes)")
+            print(f"[export] left out {run} {UNFINISHED}")
     return written
 
 
