@@ -144,6 +144,19 @@ def test_plot_leaves_out_the_modularity_figure_without_msfa_variants(tmp_path):
     assert (tmp_path / "figures" / "gpi_ablation.png").exists()
 
 
+def test_plot_gives_every_method_its_own_colour_past_the_ten_colour_cycle():
+    """Twelve methods in one figure (the miniature's two protocols side by side) once drew two pairs in one colour:
+    matplotlib's cycle starts again after ten."""
+    from matplotlib.colors import to_hex
+
+    from tools import plot
+
+    for n in (3, 10, 12, 20, 25):
+        colours = plot.method_colours(f"method {i}" for i in range(n))
+        assert len({to_hex(c) for c in colours.values()}) == n
+    assert list(plot.method_colours("abc").values()) == ["C0", "C1", "C2"]
+
+
 def test_plot_refuses_a_directory_without_evaluations(tmp_path, capsys):
     from tools import plot
 

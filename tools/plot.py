@@ -142,7 +142,7 @@ def main(args: Args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     seeds = sorted({len(v) for t in tables.values() for v in t.values()})
     seed_text = f"{'/'.join(map(str, seeds))} seed(s), {INTERVAL_TEXT[args.interval]}"
-    colours = {d: f"C{i}" for i, d in enumerate(tables)}  # a method keeps its colour in every figure
+    colours = method_colours(tables)  # a method keeps its colour in every figure
 
     # learning curves: train tasks, test tasks with GPI where the method has it, and (if any run has GPI) test tasks
     # without GPI for every method, so that each method's policy for w_test alone can be read against the others'
@@ -211,6 +211,22 @@ def main(args: Args) -> None:
                      out / "actors.png", colours, args.interval)
         written.append("actors.png")
     print(f"wrote {', '.join(str(out / f) for f in written)} (step {step:,})")
+
+
+def method_colours(methods) -> dict:
+    """A colour per method, none repeated: matplotlib's ten-colour cycle (C0-C9) while it suffices, and for more
+    methods tab20's ten strong hues followed by its ten light ones (the cycle itself would start again at C0, and two
+    methods of a figure would look the same). Beyond twenty, evenly spaced colours of a continuous map."""
+    import matplotlib
+
+    methods = list(methods)
+    if len(methods) <= 10:
+        return {m: f"C{i}" for i, m in enumerate(methods)}
+    if len(methods) <= 20:
+        tab20 = matplotlib.colormaps["tab20"]
+        return {m: tab20(2 * i if i < 10 else 2 * (i - 10) + 1) for i, m in enumerate(methods)}
+    spread = matplotlib.colormaps["turbo"]
+    return {m: spread(i / (len(methods) - 1)) for i, m in enumerate(methods)}
 
 
 def response_curves(plt, runs: list[RunReader], path: Path, colours: dict, interval: str) -> bool:
