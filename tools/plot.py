@@ -441,9 +441,10 @@ def aggregate(plt, tables: dict, step: int, test_tasks, references, path: Path) 
     for name in scores:
         print(f"IQM {name}: {points[name][0]:.3f} [{intervals[name][0, 0]:.3f}, {intervals[name][1, 0]:.3f}]")
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(scores) + 1.6))
+    colours = method_colours(scores)  # its own colour per row: more than ten rows would repeat C0-C9
     for i, name in enumerate(scores):
         low, high = intervals[name][:, 0]
-        ax.barh(i, high - low, left=low, height=0.6, color=f"C{i}", alpha=0.6)
+        ax.barh(i, high - low, left=low, height=0.6, color=colours[name], alpha=0.6)
         ax.plot([points[name][0]] * 2, [i - 0.3, i + 0.3], color="black")
     ax.set_yticks(range(len(scores)), list(scores), fontsize=8)
     ax.set_xlabel("IQM of the oracle-normalised return (0: random, 1: BFS oracle)" if normalised
