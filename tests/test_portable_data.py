@@ -61,3 +61,21 @@ def test_portable_config_writes_the_run_directory_relative_to_the_run(merged):
     assert out["resumes"][0]["changed"] == {"total_timesteps": [1, 2]}  # where it lay is not a setting
     assert portable_config(out, run_dir_as="seed1" if merged else None) == out  # twice changes nothing
     assert not ABSOLUTE.findall(json.dumps(out))
+
+
+QUOTED_RESULT = re.compile(r"(?<![\w/:.])results/[\w./-]*[\w/]")
+"""a path under results/ quoted in a page (not one inside another path, nor a `git show REV:results/...`)"""
+
+
+def test_every_results_path_the_pages_quote_is_committed():
+    """A page that names a committed run, agent or figure names one a fresh clone has (a method merged after its
+    seeds moves its files from <method>/seed<k>/ to <method>/: the pages must follow)."""
+    files = {str(p.relative_to(ROOT)) for p in tracked("results")}
+    folders = {str(Path(f).parent) for f in files} | {str(parent) for f in files for parent in Path(f).parents}
+    missing = []
+    for page in [p for p in tracked(".") if p.suffix == ".md"]:
+        for m in QUOTED_RESULT.finditer(page.read_text()):
+            path = m.group().rstrip("/.")
+            if path not in files and path not in folders:
+                missing.append(f"{page.relative_to(ROOT)}: {path}")
+    assert not missing, missing
